@@ -1,0 +1,70 @@
+"""The values that cross the engine/app boundary: messages in, token events and turn stats out.
+
+These are plain frozen dataclasses so a worker thread can hand them to the UI thread as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STOP_EOS = "eos"  # the model ended its turn (EOS / EOT / <|im_end|>-style token)
+STOP_LENGTH = "length"  # max_tokens reached
+STOP_STRING = "stop-string"  # one of the caller's stop strings appeared
+STOP_CANCELLED = "cancelled"  # the caller asked to stop
+STOP_CONTEXT = "context"  # the context is full and nothing more can be dropped
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class Alternative:
+    token_id: int
+    text: str
+    prob: float  # probability under the final (post-sampling-transform) distribution
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token."""
+
+    token_id: int
+    text: str  # the printable piece; "" while a UTF-8 sequence is incomplete
+    forward_ms: float  # model forward pass that produced the logits for this token
+    sample_ms: float  # sampling time for this token
+    prob: float  # probability of the chosen token
+    top: tuple[Alternative, ...] = ()  # top-5 candidates, most likely first
+    index: int = 0  # 0 for the first generated token of the turn
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """What one reply cost; the final event of a turn."""
+
+    prompt_tokens: int  # tokens in the templated prompt for this turn
+    reused_tokens: int  # of those, already in the KV cache
+    evaluated_tokens: int  # of those, evaluated this turn (prompt_tokens - reused_tokens, after any shift)
+    prefill_ms: float
+    ttft_ms: float  # from the call to the first token's text
+    decode_ms: float
+    generated_tokens: int
+    stop_reason: str  # one of the STOP_* values
+    n_ctx_used: int  # KV cache positions in use after the turn
+    n_ctx: int
+    context_shifts: int = 0  # how many times old turns were dropped to make room
+    dropped_messages: int = 0  # messages left out of the prompt to fit the context
+    reply: str = ""  # the reply text as generated (also what the caller should store)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.evaluated_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from the prefill logits; decode speed counts the steps after it.
+        steps = self.generated_tokens - 1
+        return steps / (self.decode_ms / 1000) if self.decode_ms > 0 and steps > 0 else 0.0
