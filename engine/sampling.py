@@ -1,8 +1,26 @@
-"""Token sampling: small pure functions over a logits vector.  (skeleton: to be completed)"""
+"""Token sampling: small pure functions over a logits vector, and a seeded `Sampler` that chains them.
+
+The pipeline follows llama.cpp's default sampler order:
+
+    penalties -> top-k -> top-p -> min-p -> temperature -> softmax -> draw
+
+top-p and min-p look at the distribution at temperature 1 (as llama.cpp does); temperature only reshapes
+the tokens that survive. A temperature <= 0 means greedy: the argmax after penalties.
+
+Candidates are ordered by (logit descending, token id ascending), so every mask is exact and ties are
+broken the same way on every run: among equal logits the lower token id wins.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+N_TOP = 5  # alternatives reported with each sampled token
 
 
 @dataclass(frozen=True)
@@ -17,8 +35,320 @@ class SamplingSettings:
     top_p: float = 0.95  # 1.0 disables
     min_p: float = 0.05  # 0.0 disables
     repeat_penalty: float = 1.0  # 1.0 disables
-    repeat_last_n: int = 64  # how many recent tokens the penalties look at
+    repeat_last_n: int = 64  # how many recent tokens the penalties look at; -1: all of `recent`; 0 disables
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = -1  # -1: a fresh random seed per turn
     max_tokens: int = 512  # reply length limit; -1: until the context is full
+
+    def validated(self) -> tuple[SamplingSettings, list[str]]:
+        """Settings with absurd values replaced by usable ones, and one message per replacement.
+
+        Each message names the field, the value given and the value used, e.g.
+        "top_p 7 is above 1; using 1.0".
+        """
+        defaults = SamplingSettings()
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        reasons: dict[str, list[str]] = {}
+
+        def fix(name: str, value: object, why: str) -> None:
+            values[name] = value
+            reasons.setdefault(name, []).append(why)
+
+        # Types first: settings may come from a config file or a text field.
+        for name, value in list(values.items()):
+            default = getattr(defaults, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                fix(name, default, "is not a number")
+            elif math.isinf(value):
+                fix(name, default, "is infinite")
+            elif isinstance(default, int) and value != int(value):
+                fix(name, int(value), "is not a whole number")
+            elif isinstance(default, int):
+                values[name] = int(value)  # 40.0 -> 40, nothing to report
+
+        v = values
+        if v["temperature"] < 0:
+            fix("temperature", 0.0, "is negative (0 means greedy)")
+        if v["top_k"] < 0:
+            fix("top_k", 0, "is negative (0 disables top-k)")
+        if v["top_p"] > 1:
+            fix("top_p", 1.0, "is above 1")
+        elif v["top_p"] < 0:
+            fix("top_p", 0.0, "is negative")
+        if v["min_p"] > 1:
+            fix("min_p", 1.0, "is above 1")
+        elif v["min_p"] < 0:
+            fix("min_p", 0.0, "is negative")
+        if v["repeat_penalty"] <= 0:
+            fix("repeat_penalty", 1.0, "is not positive (1.0 disables it)")
+        if v["repeat_last_n"] < -1:
+            fix("repeat_last_n", 0, "is below -1 (0 disables penalties, -1 looks at all recent tokens)")
+        if v["seed"] < -1:
+            fix("seed", -1, "is below -1 (-1 picks a fresh seed)")
+        if v["max_tokens"] == 0:
+            fix("max_tokens", defaults.max_tokens, "would generate nothing")
+        elif v["max_tokens"] < -1:
+            fix("max_tokens", -1, "is below -1 (-1 means until the context is full)")
+        messages = [
+            f"{name} {getattr(self, name)!r} {' and '.join(why)}; using {values[name]!r}"
+            for name, why in reasons.items()
+        ]
+        return replace(self, **values), messages
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_id: int
+    prob: float  # probability of token_id in the distribution it was drawn from
+    top: tuple[tuple[int, float], ...]  # up to N_TOP (id, prob) from that distribution, most likely first
+
+
+# --- the steps, as pure functions -------------------------------------------------------------------------
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Probabilities (float64) from logits; -inf entries get probability 0.
+
+    float32 input is exponentiated in float32 (4x faster over a 152k vocab), then normalised in float64.
+    """
+    x = np.asarray(logits)
+    if x.dtype != np.float32:
+        x = x.astype(np.float64)
+    e = np.exp(x - x.max()).astype(np.float64, copy=False)
+    return e / e.sum()
+
+
+def apply_penalties(
+    logits: np.ndarray,
+    recent: Sequence[int],
+    repeat_penalty: float = 1.0,
+    repeat_last_n: int = 64,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+) -> np.ndarray:
+    """Logits with llama.cpp's penalties applied to tokens seen in the last `repeat_last_n` of `recent`.
+
+    For each such token seen `count` times: a positive logit is divided by `repeat_penalty`, a negative one
+    multiplied by it; then `count * frequency_penalty + presence_penalty` is subtracted. Returns `logits`
+    itself when no penalty applies (callers never write into it), else a new float32 array.
+    """
+    if repeat_last_n == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+        return logits
+    window = recent if repeat_last_n < 0 else recent[-repeat_last_n:]
+    if len(window) == 0:
+        return logits
+    ids = np.asarray(window, dtype=np.int64)
+    n_vocab = logits.shape[0]
+    bad = ids[(ids < 0) | (ids >= n_vocab)]
+    if bad.size:
+        raise ValueError(f"recent token id {int(bad[0])} is outside the vocabulary (n_vocab={n_vocab})")
+    uniq, counts = np.unique(ids, return_counts=True)
+    out = np.array(logits, dtype=np.float32)  # a copy
+    x = out[uniq]
+    # Dividing a negative logit would make the token *more* likely; llama.cpp multiplies instead.
+    x = np.where(x > 0, x / np.float32(repeat_penalty), x * np.float32(repeat_penalty))
+    x -= counts.astype(np.float32) * np.float32(frequency_penalty) + np.float32(presence_penalty)
+    out[uniq] = x
+    return out
+
+
+def _order_keys(logits: np.ndarray) -> np.ndarray:
+    """One int64 per token whose ascending order is (logit descending, token id ascending).
+
+    High 32 bits: the float32 logit's bits mapped to an order-preserving int and negated; low 32 bits: the
+    id. Keys are unique, so a plain (fast, unstable) sort or partition gives an exact, tie-free order.
+    """
+    n = logits.shape[0]
+    bits = (np.asarray(logits, dtype=np.float32) + np.float32(0.0)).view(np.int32)  # -0.0 -> 0.0: they tie
+    bits ^= (bits >> 31) & 0x7FFFFFFF  # negative floats: flip the magnitude bits so they sort as ints
+    keys = np.empty(n, dtype=np.int64)
+    np.invert(bits, out=keys)  # descending logit = ascending ~bits
+    keys <<= 32
+    keys |= _ids(n)
+    return keys
+
+
+@functools.cache
+def _ids(n: int) -> np.ndarray:
+    ids = np.arange(n, dtype=np.int64)
+    ids.flags.writeable = False
+    return ids
+
+
+def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the `k` highest logits, ordered by (logit descending, id ascending); all ids if k >= n.
+
+    Exact under ties: tokens tied at the boundary are taken lowest id first. O(n) for k < n (partition).
+    """
+    keys = _order_keys(logits)
+    if k <= 0:
+        return np.empty(0, dtype=np.intp)
+    if k < keys.size:
+        keys = np.partition(keys, k - 1)[:k]
+    return (np.sort(keys) & 0xFFFFFFFF).astype(np.intp)
+
+
+def _top_p_count(sorted_probs: np.ndarray, p: float) -> int:
+    """How many of the (descending) probs the smallest set with cumulative prob >= p needs; at least 1."""
+    if p >= 1.0:
+        return sorted_probs.size
+    # side="left": the first index whose cumulative sum reaches p is included, as in llama.cpp.
+    return min(int(np.searchsorted(np.cumsum(sorted_probs), p, side="left")) + 1, sorted_probs.size)
+
+
+def _min_p_threshold(max_logit: float, min_p: float) -> np.float32:
+    """The logit a token needs to survive min-p: p >= min_p * p_max  <=>  l >= l_max + log(min_p).
+
+    Computed in float32 in logit space, as llama.cpp does; no exp over the vocabulary.
+    """
+    return np.float32(max_logit) + np.float32(math.log(min_p))
+
+
+def _min_p_count(sorted_logits: np.ndarray, min_p: float) -> int:
+    """How many of the (descending) logits survive min-p; at least 1."""
+    if min_p <= 0.0:
+        return sorted_logits.size
+    return max(int(np.count_nonzero(sorted_logits >= _min_p_threshold(sorted_logits[0], min_p))), 1)
+
+
+def _mask(n: int, keep: np.ndarray) -> np.ndarray:
+    mask = np.zeros(n, dtype=bool)
+    mask[keep] = True
+    return mask
+
+
+def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """Boolean mask of the `k` tokens with the highest logits (ties: lower id first); k <= 0 keeps all."""
+    n = logits.shape[0]
+    return np.ones(n, dtype=bool) if k <= 0 or k >= n else _mask(n, top_ids(logits, k))
+
+
+def top_p_mask(logits: np.ndarray, p: float) -> np.ndarray:
+    """Boolean mask of the smallest most-likely set whose probability is >= p (at least one token).
+
+    Tokens already excluded should carry -inf; they have probability 0 and are never kept.
+    """
+    order = top_ids(logits, logits.shape[0])
+    count = _top_p_count(softmax(logits)[order], p)
+    return _mask(logits.shape[0], order[:count])
+
+
+def min_p_mask(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Boolean mask of tokens whose probability is >= min_p times the top token's."""
+    if min_p <= 0:
+        return np.ones(logits.shape[0], dtype=bool)
+    return logits >= _min_p_threshold(logits.max(), min_p)
+
+
+# --- the sampler ------------------------------------------------------------------------------------------
+
+
+def _candidates(x: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray | None:
+    """Sorted ids that survive top-k, top-p and min-p; None when nothing is filtered (the whole vocab)."""
+    n = x.shape[0]
+    if 0 < top_k < n:
+        ids = top_ids(x, top_k)
+        keep = _top_p_count(softmax(x[ids]), top_p)
+        return ids[: min(keep, _min_p_count(x[ids[:keep]], min_p))]
+    if top_p >= 1.0 and min_p <= 0.0:
+        return None
+    # No top-k: the survivors are still a prefix of the sorted vocab, so sort only as far as needed.
+    keep = n
+    if min_p > 0.0:
+        keep = max(int(np.count_nonzero(x >= _min_p_threshold(x.max(), min_p))), 1)
+    if top_p < 1.0:
+        probs = softmax(x)
+        # Usually a short head holds top_p of the mass; if not, sort everything that min-p lets through.
+        for m in (min(256, keep), keep):
+            ids = top_ids(x, m)
+            head = probs[ids]
+            if np.cumsum(head)[-1] >= top_p or m == keep:
+                return ids[: min(_top_p_count(head, top_p), keep)]
+    return top_ids(x, keep)
+
+
+def distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.ndarray | None, np.ndarray]:
+    """The distribution a token is drawn from: top-k, top-p, min-p, then temperature (which must be > 0).
+
+    Returns (ids, probs): the surviving ids, most likely first, and their probabilities. ids is None when
+    nothing was filtered; probs then covers the whole vocabulary in id order. Penalties come before this
+    (apply_penalties); `settings` should be validated.
+    """
+    s = settings
+    ids = _candidates(logits, s.top_k, s.top_p, s.min_p)
+    if ids is None:
+        return None, softmax(logits / np.float32(s.temperature))
+    return ids, softmax(logits[ids].astype(np.float64) / s.temperature)
+
+
+class Sampler:
+    """Draws tokens from logits with its own seeded RNG; settings are passed per call.
+
+    The same seed, settings and sequence of logits give the same tokens.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.reseed(seed)
+        self._settings: SamplingSettings | None = None
+        self._valid = SamplingSettings()
+
+    def reseed(self, seed: int) -> None:
+        """Restart the RNG; a negative seed takes fresh entropy from the OS."""
+        self._rng = np.random.default_rng(None if seed < 0 else seed)
+
+    def sample(self, logits: np.ndarray, settings: SamplingSettings, recent: Sequence[int]) -> SampleResult:
+        """Pick the next token from `logits` (n_vocab,) given the tokens seen so far (`recent`)."""
+        if settings is not self._settings:  # validate once per settings object, not per token
+            self._settings, self._valid = settings, settings.validated()[0]
+        s = self._valid
+        x = apply_penalties(
+            logits, recent, s.repeat_penalty, s.repeat_last_n, s.presence_penalty, s.frequency_penalty
+        )
+        x_max = float(x.max())
+        if not math.isfinite(x_max):
+            raise ValueError(f"logits are not usable for sampling (max is {x_max})")
+
+        if s.temperature <= 0:
+            # Greedy; report the softmax of the penalised logits so the UI still shows a confidence.
+            ids = top_ids(x, N_TOP)
+            e = np.exp(x - np.float32(x_max))  # float32: the sum only feeds a displayed confidence
+            probs = e[ids].astype(np.float64) / e.sum(dtype=np.float64)
+            return SampleResult(int(ids[0]), float(probs[0]), _pairs(ids, probs))
+
+        ids, probs = distribution(x, s)
+        i = _draw(self._rng, probs)
+        if ids is None:  # the whole vocab, in id order
+            top = top_ids(x, N_TOP)  # temperature > 0 keeps the ranking of the logits
+            return SampleResult(i, float(probs[i]), _pairs(top, probs[top]))
+        return SampleResult(int(ids[i]), float(probs[i]), _pairs(ids[:N_TOP], probs[:N_TOP]))
+
+
+_DRAW_BLOCK = 1024  # above this many candidates, find the block first: np.cumsum is slow over 152k
+
+
+def _draw(rng: np.random.Generator, probs: np.ndarray) -> int:
+    """Index drawn from `probs` (id order) by inverse CDF; a zero-probability entry is never chosen."""
+    target = rng.random()
+    if probs.size <= _DRAW_BLOCK:
+        cdf = np.cumsum(probs)
+        return _pick(cdf, probs, target * cdf[-1])
+    n_full = probs.size // _DRAW_BLOCK * _DRAW_BLOCK
+    sums = np.append(probs[:n_full].reshape(-1, _DRAW_BLOCK).sum(axis=1), probs[n_full:].sum())
+    cdf = np.cumsum(sums)
+    target *= cdf[-1]
+    b = _pick(cdf, sums, target)
+    target -= cdf[b - 1] if b else 0.0
+    block = probs[b * _DRAW_BLOCK : (b + 1) * _DRAW_BLOCK]
+    return b * _DRAW_BLOCK + _pick(np.cumsum(block), block, target)
+
+
+def _pick(cdf: np.ndarray, weights: np.ndarray, target: float) -> int:
+    """First index whose cumulative weight exceeds `target`; rounding past the end gives the last index
+    with a non-zero weight, never a zero-weight one."""
+    i = int(np.searchsorted(cdf, target, side="right"))
+    return i if i < cdf.size else int(np.flatnonzero(weights)[-1])
+
+
+def _pairs(ids: np.ndarray, probs: np.ndarray) -> tuple[tuple[int, float], ...]:
+    return tuple((int(t), float(p)) for t, p in zip(ids, probs, strict=True) if p > 0)

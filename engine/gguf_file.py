@@ -1,0 +1,83 @@
+"""Open a GGUF file: its metadata as plain Python values and its tensors as memory-mapped views.
+
+A model file is untrusted input. Anything wrong with it becomes a `ModelFileError` naming the file and the
+problem; nothing is copied out of the mapping here, so opening costs no more memory than the header.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+
+from .errors import ModelFileError
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # ggml order: shape[0] is the row length (ne0)
+    data: np.ndarray  # a view into the file mapping
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorEntry]
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelFileError(f"{self.path.name}: metadata has no general.architecture")
+        return arch
+
+
+def _field_value(field: Any) -> Any:
+    value = field.contents()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """Parse the header of `path`; raise ModelFileError for anything that is not a readable GGUF file."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise ModelFileError(f"{path}: is a directory, not a GGUF file")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read ({e.strerror})") from None
+    if size == 0:
+        raise ModelFileError(f"{path}: empty file")
+    if size < 24:
+        raise ModelFileError(f"{path}: truncated ({size} bytes), too short for a GGUF header")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r})")
+    try:
+        reader = GGUFReader(path, "r")
+        metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+        tensors = {}
+        for t in reader.tensors:
+            shape = tuple(int(n) for n in t.shape)
+            if t.name in tensors:
+                raise ModelFileError(f"{path}: tensor {t.name} appears twice")
+            tensors[t.name] = TensorEntry(t.name, GGMLQuantizationType(t.tensor_type), shape, t.data)
+    except ModelFileError:
+        raise
+    except MemoryError:
+        raise ModelFileError(f"{path}: header declares sizes too large to be real") from None
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, OSError) as e:
+        raise ModelFileError(f"{path}: malformed GGUF ({type(e).__name__}: {e})") from None
+    return GGUFFile(path, metadata, tensors)

@@ -1,0 +1,72 @@
+"""load_model: from a GGUF path to a ready Model, every check done before anything big is allocated."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from .config import ModelConfig
+from .errors import ModelFileError, SettingsError
+from .gguf_file import open_gguf
+from .model import Model
+from .runtime import configure_threads
+from .weights import bind_weights
+
+# Upper bound on the KV cache we agree to allocate, as a share of physical memory.
+_MAX_CACHE_SHARE = 0.5
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 34
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    n_ctx: int = 2048,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Model:
+    """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages."""
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    if not isinstance(n_ctx, int) or n_ctx < 1:
+        raise SettingsError(f"context size must be a positive number of tokens (got {n_ctx!r})")
+    n_threads = configure_threads(threads)
+    say("reading model header")
+    file = open_gguf(path)
+    embd = file.tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2:
+        raise ModelFileError(f"{file.path.name}: tensor token_embd.weight: missing or not a matrix")
+    cfg = ModelConfig.from_metadata(file.metadata, n_vocab=embd.shape[1])
+    warnings = []
+    if n_ctx > cfg.n_ctx_train:
+        warnings.append(f"context {n_ctx} exceeds the model's trained {cfg.n_ctx_train}; using {cfg.n_ctx_train}")
+        n_ctx = cfg.n_ctx_train
+    cache_bytes = 2 * 4 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * n_ctx
+    if cache_bytes > _MAX_CACHE_SHARE * _physical_memory():
+        raise SettingsError(
+            f"a context of {n_ctx} tokens needs {cache_bytes / 2**30:.1f} GiB of KV cache, "
+            f"more than half of this machine's memory"
+        )
+    say("building tokenizer")
+    from .tokenizer import Tokenizer  # noqa: PLC0415 (keeps `import engine` light)
+
+    tokenizer = Tokenizer.from_metadata(file.metadata)
+    if tokenizer.n_vocab > cfg.n_vocab:
+        raise ModelFileError(
+            f"{file.path.name}: vocabulary has {tokenizer.n_vocab} tokens but token_embd.weight only {cfg.n_vocab} rows"
+        )
+    warnings.extend(tokenizer.warnings)
+    say("checking tensors")
+    weights = bind_weights(file, cfg)
+    model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
+    model.warnings = warnings
+    say("preparing kernels (compiled on first start, cached after)")
+    model.logits([0])  # the one-token (matvec) path
+    model.logits([0, 0])  # the prompt (tiled matmul) path
+    model.load_s = time.perf_counter() - t0
+    return model

@@ -1,0 +1,291 @@
+"""The forward pass: one function for every architecture, reading the ArchSpec.
+
+embed -> per layer (norm -> attention with KV cache -> residual -> norm -> FFN -> residual) -> norm -> logits.
+Quantized products go through engine.kernels; everything else is float32 NumPy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import EngineError, SettingsError
+from .gguf_file import GGUFFile
+from .kernels import embedding_rows, matmul
+from .weights import LayerWeights, Weights
+
+if TYPE_CHECKING:
+    from .tokenizer import StreamDecoder, Tokenizer
+
+# Prompts are evaluated in chunks of this many tokens to bound scratch memory (scores are heads × chunk × ctx).
+PREFILL_CHUNK = 256
+
+
+class ContextFullError(EngineError):
+    """More tokens than the session's context holds."""
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    # x (t, d) -> (t, d)
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * w
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    # x (t, d) -> (t, d)
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    return xc * (1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)) * w + b
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    # The tanh approximation, as GPT-2 and ggml use.
+    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def rope_tables(cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32."""
+    half = cfg.rope_dim // 2
+    inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    angles = np.outer(np.arange(n_pos, dtype=np.float64) * cfg.rope_scale, inv_freq)  # (n_pos, half)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int, neox: bool) -> np.ndarray:
+    """Rotate the leading rope_dim dims of every head. x (t, heads, head_dim); cos/sin (t, rope_dim/2)."""
+    half = rope_dim // 2
+    if neox:  # pairs (i, i + half)
+        x1, x2 = x[..., :half], x[..., half:rope_dim]
+    else:  # adjacent pairs (2i, 2i+1): llama GGUFs were permuted for this
+        x1, x2 = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+    c, s = cos[:, None, :], sin[:, None, :]  # (t, 1, half)
+    r1 = x1 * c - x2 * s
+    r2 = x1 * s + x2 * c
+    out = x.copy()
+    if neox:
+        out[..., :half], out[..., half:rope_dim] = r1, r2
+    else:
+        out[..., 0:rope_dim:2], out[..., 1:rope_dim:2] = r1, r2
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal attention of t new queries over T = start + t cached positions.
+
+    q (t, n_head, hd); k, v (n_kv, T, hd) -> (t, n_head·hd). Query head h reads kv head h // (n_head/n_kv).
+    """
+    t, n_head, hd = q.shape
+    n_kv, n_pos, _ = k.shape
+    group = n_head // n_kv
+    qg = q.transpose(1, 0, 2).reshape(n_kv, group * t, hd)  # (n_kv, group·t, hd)
+    scores = np.matmul(qg, k.transpose(0, 2, 1))  # (n_kv, group·t, T)
+    scores *= np.float32(1.0 / np.sqrt(hd))
+    if t > 1:
+        scores = scores.reshape(n_kv, group, t, n_pos)
+        future = np.triu(np.ones((t, n_pos), dtype=bool), k=start + 1)  # query i sees keys <= start + i
+        scores[:, :, future] = -np.inf
+        scores = scores.reshape(n_kv, group * t, n_pos)
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    out = np.matmul(scores, v)  # (n_kv, group·t, hd)
+    return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
+
+
+class KVCache:
+    """Keys and values of every layer for n_ctx positions, allocated once."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int):
+        shape = (cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)  # (layer, kv head, position, hd)
+        self.k = np.zeros(shape, dtype=np.float32)
+        self.v = np.zeros(shape, dtype=np.float32)
+        self.n_ctx = n_ctx
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    load_s: float  # wall time of load_model
+    warnings: tuple[str, ...]
+
+
+class Model:
+    """A loaded model: weights mapped from the file, tokenizer, and the forward pass."""
+
+    def __init__(
+        self, file: GGUFFile, cfg: ModelConfig, weights: Weights, tokenizer: Tokenizer, n_ctx: int, threads: int
+    ):
+        self.file = file
+        self.cfg = cfg
+        self.weights = weights
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.threads = threads
+        self.warnings: list[str] = []
+        self.load_s = 0.0
+        n_pos = max(n_ctx, 1)
+        if cfg.spec.positions == "rope":
+            self._cos, self._sin = rope_tables(cfg, n_pos, weights.rope_freqs)
+        # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
+        # workqueue layer aborts on it). One forward pass at a time, whoever calls.
+        self._lock = threading.Lock()
+
+    # -- text ------------------------------------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return self.cfg.n_vocab
+
+    @property
+    def name(self) -> str:
+        return str(self.file.metadata.get("general.name") or self.file.path.stem)
+
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, special=special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.detokenize(ids)
+
+    def stream_decoder(self) -> StreamDecoder:
+        return self.tokenizer.stream_decoder()
+
+    # -- compute ---------------------------------------------------------------------------------------
+
+    def session(self) -> Session:
+        return Session(self)
+
+    def logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Logits at every position of `ids` in a fresh context: float32 (len(ids), n_vocab)."""
+        ids = self._check_ids(ids)
+        if len(ids) > self.n_ctx:
+            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
+        cache = KVCache(self.cfg, len(ids))
+        parts = [
+            self.forward(ids[i : i + PREFILL_CHUNK], cache, i, last_only=False)
+            for i in range(0, len(ids), PREFILL_CHUNK)
+        ]
+        return np.concatenate(parts, axis=0)
+
+    def _check_ids(self, ids: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if arr.size == 0:
+            raise ValueError("no tokens to evaluate")
+        if arr.min() < 0 or arr.max() >= self.cfg.n_vocab:
+            raise ValueError(f"token id out of range [0, {self.cfg.n_vocab})")
+        return arr
+
+    def forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool) -> np.ndarray:
+        """Run ids at positions start.. through the model, writing their K/V into cache.
+
+        Returns logits (1, n_vocab) for the last token when last_only, else (t, n_vocab).
+        """
+        with self._lock:
+            return self._forward(ids, cache, start, last_only)
+
+    def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool) -> np.ndarray:
+        cfg, w = self.cfg, self.weights
+        t = len(ids)
+        end = start + t
+        x = embedding_rows(w.token_embd, ids)  # (t, d)
+        if w.position_embd is not None:
+            x += w.position_embd[start:end]
+        for li, lw in enumerate(w.layers):
+            h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
+            q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
+            if cfg.spec.positions == "rope":
+                cos, sin = self._cos[start:end], self._sin[start:end]
+                q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
+                k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
+            cache.k[li, :, start:end] = k.transpose(1, 0, 2)
+            cache.v[li, :, start:end] = v.transpose(1, 0, 2)
+            a = attention(q, cache.k[li, :, :end], cache.v[li, :, :end], start)  # (t, n_head·hd)
+            x += self._bias(matmul(lw.wo, a), lw.bo)
+            h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
+            if lw.w_gate is not None:
+                h = silu(matmul(lw.w_gate, h)) * matmul(lw.w_up, h)  # (t, d_ff)
+            else:
+                h = gelu(self._bias(matmul(lw.w_up, h), lw.b_up))
+            x += self._bias(matmul(lw.w_down, h), lw.b_down)
+        if last_only:
+            x = x[-1:]
+        x = self._norm(x, w.output_norm, w.output_norm_b)
+        return matmul(w.output, x)  # (t, n_vocab)
+
+    def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+        if self.cfg.spec.norm == "rms":
+            return rms_norm(x, weight, self.cfg.norm_eps)
+        return layer_norm(x, weight, bias, self.cfg.norm_eps)
+
+    @staticmethod
+    def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+        if b is not None:
+            y += b
+        return y
+
+    def _qkv(self, h: np.ndarray, lw: LayerWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cfg = self.cfg
+        t = h.shape[0]
+        biases = lw.bqkv or (None,) * len(lw.wqkv)
+        outs = [self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)]
+        if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
+            q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+            fused = outs[0]
+            outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
+        q, k, v = outs
+        return (
+            q.reshape(t, cfg.n_head, cfg.head_dim),
+            k.reshape(t, cfg.n_kv_head, cfg.head_dim),
+            v.reshape(t, cfg.n_kv_head, cfg.head_dim),
+        )
+
+
+class Session:
+    """A conversation's state on one model: a KV cache of n_ctx positions and the token ids it holds."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.cache = KVCache(model.cfg, model.n_ctx)
+        self.tokens: list[int] = []  # ids whose K/V are in the cache, in order
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.cache.n_ctx
+
+    def eval(self, ids: Sequence[int], on_chunk: Callable[[int], None] | None = None) -> np.ndarray:
+        """Append ids to the cache; return float32 (n_vocab,) logits for the last one."""
+        arr = self.model._check_ids(ids)
+        if self.n_past + len(arr) > self.n_ctx:
+            raise ContextFullError(
+                f"{self.n_past} cached + {len(arr)} new tokens exceed the context of {self.n_ctx}"
+            )
+        logits = None
+        for i in range(0, len(arr), PREFILL_CHUNK):
+            chunk = arr[i : i + PREFILL_CHUNK]
+            logits = self.model.forward(chunk, self.cache, self.n_past, last_only=True)
+            self.tokens.extend(int(t) for t in chunk)
+            if on_chunk is not None:
+                on_chunk(len(chunk))
+        return logits[0]
+
+    def truncate(self, n: int) -> None:
+        """Forget every position from n on (their cache slots are overwritten by later evals)."""
+        if not 0 <= n <= self.n_past:
+            raise SettingsError(f"cannot truncate a session of {self.n_past} tokens to {n}")
+        del self.tokens[n:]

@@ -1,0 +1,260 @@
+"""Chat templates: turn a conversation into the prompt text the model was trained on.
+
+A GGUF file carries its chat template as Jinja source (`tokenizer.chat_template`), rendered the way Hugging
+Face transformers renders it. The file was downloaded, so the template is untrusted code. It runs in Jinja's
+immutable sandbox, where any reach for an internal attribute (`__class__`, `__globals__`, `_private`) raises
+SecurityError at once, and under limits on output size, sequence size and time. Anything that goes wrong
+switches the template to ChatML for good, with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from jinja2 import nodes
+from jinja2.compiler import CodeGenerator, Frame
+from jinja2.exceptions import SecurityError
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import TemplateError
+from engine.events import Message
+
+MAX_SOURCE_CHARS = 1_000_000  # real templates are a few KB
+MAX_OUTPUT_CHARS = 1_000_000  # a prompt this long is far beyond any context window
+MAX_INT_ARG = MAX_OUTPUT_CHARS  # no call from a template needs a bigger number (range, center, lipsum...)
+MAX_POW_BITS = 4096  # `**` results beyond this are a CPU/memory bomb, not a chat prompt
+RENDER_TIME_LIMIT_S = 2.0  # real templates render in milliseconds
+
+_CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
+_CHATML_GENERATION_PROMPT = "<|im_start|>assistant\n"
+_PROBE_USER = "chatapp-probe-user-1f9c"
+_PROBE_ASSISTANT = "chatapp-probe-assistant-1f9c"
+
+
+class _RenderTimeout(BaseException):
+    # BaseException: nothing inside Jinja's runtime catches it on its way out.
+    pass
+
+
+class _GenerationTag(Extension):
+    """HF's `{% generation %}...{% endgeneration %}` marks assistant text for training; we keep the body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+class _CodeGenerator(CodeGenerator):
+    """Compiles `a ~ b` to a size-checked join, so a doubling loop (`{% set ns.s = ns.s ~ ns.s %}`)
+    fails at 1 MB instead of exhausting memory between two checks of the time limit."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.checked_concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, made stricter: unsafe attributes raise instead of rendering as empty, and
+    the cheap size bombs (`'x' * 10**9`, `9 ** 10**9`, `range(10**9)`, doubling a string with `~` or `+`)
+    raise before they allocate."""
+
+    code_generator_class = _CodeGenerator
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    @staticmethod
+    def checked_concat(values: Sequence[Any]) -> str:
+        parts = [str(v) for v in values]
+        if sum(len(p) for p in parts) > MAX_OUTPUT_CHARS:
+            raise SecurityError(f"a string over {MAX_OUTPUT_CHARS} characters")
+        return "".join(parts)
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        raise SecurityError(f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and right > 0:
+                if abs(left) > 1 and right * max(abs(left).bit_length(), 1) > MAX_POW_BITS:
+                    raise SecurityError(f"{left} ** {right} is too large")
+            return left**right
+        if operator == "+":
+            if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+                if len(left) + len(right) > MAX_OUTPUT_CHARS:
+                    raise SecurityError(f"a sequence over {MAX_OUTPUT_CHARS} items")
+            return left + right
+        # "*": refuse to build a string or list longer than any prompt
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                if len(seq) * times > MAX_OUTPUT_CHARS:
+                    raise SecurityError(f"a sequence of {len(seq)} repeated {times} times is too large")
+        return left * right
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, int) and abs(value) > MAX_INT_ARG:
+                name = getattr(__obj, "__name__", "a call")
+                raise SecurityError(f"argument {value} to {name} is too large")
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    # HF's filter: unlike Jinja's own tojson it does not HTML-escape, and it takes json.dumps' options.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _environment() -> _Sandbox:
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise _RenderTimeout in this thread once `seconds` have passed, checked on every Python line.
+
+    A sandboxed loop with no output (`{% for i in range(10**5) %}{% for j in range(10**5) %}...`) would
+    otherwise spin for hours. sys.settrace is per thread; a debugger's or coverage's tracer is restored
+    afterwards (and misses the lines run in between).
+    """
+    deadline = time.monotonic() + seconds
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise _RenderTimeout(f"rendering took longer than {seconds:g} s")
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+    text = "".join(_CHATML_TURN.format(role=m["role"], content=m["content"]) for m in messages)
+    return text + (_CHATML_GENERATION_PROMPT if add_generation_prompt else "")
+
+
+class ChatTemplate:
+    """A model's chat template, or ChatML when the model has none or its template fails."""
+
+    def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.warning: str | None = None
+        """Why the model's template is not used, set once; None while it works."""
+        self._template: Any = None
+        self._end_strings: list[str] | None = None
+        if not source or not source.strip():
+            self._fail("the model has no chat template")
+        elif len(source) > MAX_SOURCE_CHARS:
+            self._fail(f"chat template is {len(source)} characters, over {MAX_SOURCE_CHARS}")
+        else:
+            try:
+                # Compiling folds constant expressions, i.e. runs template code: limit it too.
+                with _time_limit(RENDER_TIME_LIMIT_S):
+                    self._template = _environment().from_string(source)
+            except (Exception, _RenderTimeout) as e:  # a syntax error, or anything else the compiler refuses
+                self._fail(f"chat template does not compile ({_describe(e)})")
+
+    @classmethod
+    def from_metadata(cls, template_source: str | None, bos_token: str, eos_token: str) -> ChatTemplate:
+        """Build from the GGUF's `tokenizer.chat_template` and the BOS/EOS token texts."""
+        return cls(template_source, bos_token, eos_token)
+
+    @property
+    def uses_fallback(self) -> bool:
+        return self._template is None
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        """The prompt text for `messages`, ending with the assistant's turn opener if asked.
+
+        The first failure switches this template to ChatML for good: the prompt for earlier turns must not
+        change format mid-conversation (the KV cache reuses it), and a hostile template runs only once.
+        """
+        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        if self._template is not None:
+            try:
+                text = self._render(dicts, add_generation_prompt)
+            except (Exception, _RenderTimeout) as e:  # SecurityError, UndefinedError, TemplateError, ...
+                self._fail(f"chat template failed ({_describe(e)})")
+            else:
+                if text.strip():
+                    return text
+                self._fail("chat template rendered an empty prompt")
+        return _chatml(dicts, add_generation_prompt)
+
+    def end_of_turn_strings(self) -> list[str]:
+        """Strings the template closes an assistant turn with (e.g. '<|im_end|>', '<|eot_id|>', '</s>').
+
+        Found by rendering a probe conversation: whatever follows the assistant's text. The chat layer maps
+        them to token ids to stop generation.
+        """
+        if self._end_strings is None:
+            probe = [Message("user", _PROBE_USER), Message("assistant", _PROBE_ASSISTANT)]
+            text = self.render(probe, add_generation_prompt=False)
+            at = text.rfind(_PROBE_ASSISTANT)
+            tail = text[at + len(_PROBE_ASSISTANT) :] if at >= 0 else ""
+            found = list(dict.fromkeys(tail.split()))  # "<|im_end|>\n" -> ["<|im_end|>"]; order kept
+            self._end_strings = found or ([self.eos_token] if self.eos_token else [])
+        return list(self._end_strings)
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        context = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+        }
+        parts: list[str] = []
+        size = 0
+        with _time_limit(RENDER_TIME_LIMIT_S):
+            for part in self._template.generate(context):
+                size += len(part)
+                if size > MAX_OUTPUT_CHARS:
+                    raise SecurityError(f"output is over {MAX_OUTPUT_CHARS} characters")
+                parts.append(part)
+        return "".join(parts)
+
+    def _fail(self, reason: str) -> None:
+        self._template = None
+        if self.warning is None:
+            self.warning = f"{reason}; using ChatML"
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().replace("\n", " ")
+    name = "timeout" if isinstance(e, _RenderTimeout) else type(e).__name__
+    return f"{name}: {text[:200]}" if text else name

@@ -1,0 +1,120 @@
+"""Bind the tensors of a GGUF file to the forward pass, checking each against the architecture first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+
+from .config import ModelConfig
+from .errors import ModelFileError, UnsupportedModelError
+from .gguf_file import GGUFFile, TensorEntry
+from .kernels import SUPPORTED_TYPES, WeightMatrix, dequantize
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: np.ndarray  # (d,)
+    attn_norm_b: np.ndarray | None  # (d,) LayerNorm only
+    wqkv: tuple[WeightMatrix, ...]  # (wq, wk, wv) or (fused,) when the file stores attn_qkv
+    bqkv: tuple[np.ndarray, ...] | None  # biases matching wqkv
+    wo: WeightMatrix  # (d, n_head·head_dim)
+    bo: np.ndarray | None
+    ffn_norm: np.ndarray
+    ffn_norm_b: np.ndarray | None
+    w_gate: WeightMatrix | None  # (d_ff, d) SwiGLU only
+    w_up: WeightMatrix  # (d_ff, d)
+    b_up: np.ndarray | None
+    w_down: WeightMatrix  # (d, d_ff)
+    b_down: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Weights:
+    token_embd: WeightMatrix  # (n_vocab, d)
+    position_embd: np.ndarray | None  # (n_ctx_train, d) for learned positions
+    output_norm: np.ndarray
+    output_norm_b: np.ndarray | None
+    output: WeightMatrix  # (n_vocab, d); token_embd itself when tied
+    rope_freqs: np.ndarray | None  # (rope_dim/2,) frequency divisors (Llama 3)
+    layers: tuple[LayerWeights, ...]
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "×".join(str(n) for n in shape)
+
+
+def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
+    """Every tensor the architecture needs is present, with the right shape and a type we can run."""
+    for name, (shape, required) in cfg.expected_tensors().items():
+        t = file.tensors.get(name)
+        if t is None:
+            if required:
+                raise ModelFileError(f"tensor {name}: missing (the {cfg.arch} architecture needs it)")
+            continue
+        if t.shape != shape:
+            raise ModelFileError(f"tensor {name}: expected {_fmt(shape)}, file has {_fmt(t.shape)}")
+        if t.ggml_type not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(f"tensor {name}: type {t.ggml_type.name} is not supported")
+        block, block_bytes = gguf.GGML_QUANT_SIZES[t.ggml_type]
+        if shape[0] % block:
+            raise ModelFileError(f"tensor {name}: row length {shape[0]} is not a multiple of {block}")
+        n_bytes = int(np.prod(shape)) // block * block_bytes
+        if t.data.nbytes != n_bytes:
+            raise ModelFileError(f"tensor {name}: data is {t.data.nbytes} bytes, expected {n_bytes} (truncated file?)")
+
+
+def _matrix(t: TensorEntry) -> WeightMatrix:
+    cols, rows = t.shape
+    return WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
+
+
+def _vector(t: TensorEntry | None) -> np.ndarray | None:
+    """Small 1-D tensors (norms, biases) as float32."""
+    if t is None:
+        return None
+    return dequantize(WeightMatrix.from_raw(t.name, t.ggml_type, 1, t.shape[0], t.data))[0]
+
+
+def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
+    """Views into the mapped file; only norms and biases are copied (as float32)."""
+    check_tensors(file, cfg)
+    ts = file.tensors
+    layers = []
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        if cfg.spec.fused_qkv:
+            wqkv = (_matrix(ts[p + "attn_qkv.weight"]),)
+            bqkv = (_vector(ts[p + "attn_qkv.bias"]),) if cfg.spec.qkv_bias else None
+        else:
+            wqkv = tuple(_matrix(ts[p + f"attn_{x}.weight"]) for x in "qkv")
+            bqkv = tuple(_vector(ts[p + f"attn_{x}.bias"]) for x in "qkv") if cfg.spec.qkv_bias else None
+        layers.append(
+            LayerWeights(
+                attn_norm=_vector(ts[p + "attn_norm.weight"]),
+                attn_norm_b=_vector(ts.get(p + "attn_norm.bias")),
+                wqkv=wqkv,
+                bqkv=bqkv,
+                wo=_matrix(ts[p + "attn_output.weight"]),
+                bo=_vector(ts.get(p + "attn_output.bias")),
+                ffn_norm=_vector(ts[p + "ffn_norm.weight"]),
+                ffn_norm_b=_vector(ts.get(p + "ffn_norm.bias")),
+                w_gate=_matrix(ts[p + "ffn_gate.weight"]) if cfg.spec.ffn == "swiglu" else None,
+                w_up=_matrix(ts[p + "ffn_up.weight"]),
+                b_up=_vector(ts.get(p + "ffn_up.bias")),
+                w_down=_matrix(ts[p + "ffn_down.weight"]),
+                b_down=_vector(ts.get(p + "ffn_down.bias")),
+            )
+        )
+    token_embd = _matrix(ts["token_embd.weight"])
+    pos = ts.get("position_embd.weight")
+    return Weights(
+        token_embd=token_embd,
+        position_embd=dequantize(_matrix(pos)) if pos is not None else None,
+        output_norm=_vector(ts["output_norm.weight"]),
+        output_norm_b=_vector(ts.get("output_norm.bias")),
+        output=_matrix(ts["output.weight"]) if "output.weight" in ts else token_embd,
+        rope_freqs=_vector(ts.get("rope_freqs.weight")),
+        layers=tuple(layers),
+    )
