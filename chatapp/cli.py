@@ -1,0 +1,247 @@
+"""`chatapp`: the TUI with no subcommand; `run`, `pull`, `models`, `bench` for the terminal and scripts.
+
+Every error a user can cause ends as one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as one line, exit status 2."""
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temp", dest="temperature", type=float, help="temperature; 0 = greedy")
+    g.add_argument("--top-k", dest="top_k", type=int)
+    g.add_argument("--top-p", dest="top_p", type=float)
+    g.add_argument("--min-p", dest="min_p", type=float)
+    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float)
+    g.add_argument("--repeat-last-n", dest="repeat_last_n", type=int)
+    g.add_argument("--presence-penalty", dest="presence_penalty", type=float)
+    g.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
+    g.add_argument("--seed", type=int, help="-1 = random")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="a catalog name (see `chatapp models`) or a path to a .gguf file")
+    p.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, help="context size in tokens")
+    p.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chatapp", description="Chat with local language models.")
+    _model_args(parser)
+    parser.add_argument("--system", dest="system_prompt", help="system prompt for new chats")
+    _sampling_args(parser)
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="generate from a prompt and print it")
+    _model_args(run)
+    run.add_argument("-p", "--prompt", required=True)
+    run.add_argument(
+        "-n", "--n-predict", dest="max_tokens", type=int, help="tokens to generate (-1: no limit)"
+    )
+    run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
+    run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
+    _sampling_args(run)
+
+    pull = sub.add_parser("pull", help="download a catalog model into the cache")
+    pull.add_argument("name")
+    pull.add_argument("--force", action="store_true", help="download again even if present")
+
+    sub.add_parser("models", help="list catalog models and downloaded files")
+
+    bench = sub.add_parser("bench", help="measure prefill and decode speed")
+    _model_args(bench)
+    bench.add_argument("-p", "--n-prompt", type=int, default=256)
+    bench.add_argument("-n", "--n-gen", type=int, default=128)
+    bench.add_argument("-r", "--repetitions", type=int, default=3)
+    bench.add_argument("--json", action="store_true")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = (
+        "model", "n_ctx", "threads", "system_prompt", "temperature", "top_k", "top_p", "min_p",
+        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
+    )  # fmt: skip
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def _settings(args: argparse.Namespace):
+    from .settings import ConfigError, load_settings
+
+    try:
+        return load_settings(_overrides(args))
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+
+
+def resolve_model_path(spec: str, say: Callable[[str], None]) -> Path:
+    """A catalog name or a path; the default catalog model is pulled on first use."""
+    from .catalog import ModelError, default_model_name, ensure_model, resolve_model
+    from .pull import pull_with_progress
+
+    try:
+        return resolve_model(spec)
+    except ModelError:
+        if spec != default_model_name():
+            raise
+    say(f"first start: downloading the default model {spec}")
+    try:
+        return pull_with_progress(spec)
+    except ModelError:
+        return ensure_model(spec)
+
+
+def _load(args: argparse.Namespace, settings, say: Callable[[str], None]):
+    from engine import load_model
+
+    path = resolve_model_path(settings.model, say)
+    return load_model(path, n_ctx=settings.n_ctx, threads=settings.threads or None, progress=say)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.chat import ChatSession
+    from engine.events import Message, TurnStats
+
+    from .report import print_run_summary
+
+    settings = _settings(args)
+
+    def say(msg: str) -> None:
+        print(f"chatapp: {msg}", file=sys.stderr, flush=True)
+
+    model = _load(args, settings, say)
+    for warning in model.warnings:
+        say(f"warning: {warning}")
+    chat = ChatSession(model, settings.sampling)
+    for note in settings.sampling.validated()[1]:
+        say(f"warning: {note}")
+    if args.chat:
+        messages = [Message("system", settings.system_prompt)] if settings.system_prompt else []
+        stream = chat.stream_reply([*messages, Message("user", args.prompt)])
+        for w in chat.warnings():
+            say(f"warning: {w}")
+    else:
+        tok = model.tokenizer
+        ids = tok.tokenize(args.prompt, special=True)
+        if tok.add_bos and tok.bos_id is not None:
+            ids.insert(0, tok.bos_id)
+        if not ids:
+            raise CliError("the prompt is empty")
+        print(args.prompt, end="", flush=True)
+        stream = chat.stream_completion(ids)
+    stats = None
+    try:
+        for event in stream:
+            if isinstance(event, TurnStats):
+                stats = event
+            else:
+                print(event.text, end="", flush=True)
+    except KeyboardInterrupt:
+        chat.cancel()
+        # Finish the generator so the stats (and the cache) describe what was printed.
+        stats = next((e for e in stream if isinstance(e, TurnStats)), None)
+        print(file=sys.stdout, flush=True)
+        print_run_summary(model, stats, sys.stderr)
+        return EXIT_INTERRUPTED
+    print(flush=True)
+    print_run_summary(model, stats, sys.stderr)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .pull import pull_with_progress
+
+    pull_with_progress(args.name, force=args.force)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .catalog import default_model_name, list_models
+
+    table = Table("name", "present", "size", "description")
+    default = default_model_name()
+    for row in list_models():
+        entry = row.entry
+        size = f"{entry.size / 1e6:.0f} MB" if entry else f"{row.path.stat().st_size / 1e6:.0f} MB"
+        name = row.name + (" (default)" if row.name == default else "")
+        table.add_row(
+            name, "yes" if row.present else "no", size, entry.description if entry else str(row.path)
+        )
+    Console().print(table)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    settings = _settings(args)
+    model = _load(args, settings, lambda msg: print(f"chatapp: {msg}", file=sys.stderr, flush=True))
+    return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json)
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from .tui.app import run_app
+
+    settings = _settings(args)
+
+    def factory(progress: Callable[[str], None]):
+        from engine.chat import ChatSession
+
+        return ChatSession(_load(args, settings, progress), settings.sampling)
+
+    from .paths import user_data_dir
+
+    run_app(
+        factory,
+        model_name=settings.model,
+        settings=settings.sampling,
+        system_prompt=settings.system_prompt,
+        store_path=user_data_dir() / "conversations.db",
+    )
+    return 0
+
+
+COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
+    None: cmd_tui,
+    "run": cmd_run,
+    "pull": cmd_pull,
+    "models": cmd_models,
+    "bench": cmd_bench,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from engine.errors import EngineError
+
+    from .catalog import ModelError
+    from .settings import ConfigError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (CliError, EngineError, ModelError, ConfigError, OSError) as e:
+        print(f"chatapp: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("chatapp: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

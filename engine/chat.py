@@ -1,0 +1,320 @@
+"""A conversation with a model: templated prompts, a KV cache kept across turns, live sampling, timed tokens.
+
+`ChatSession.stream_reply(messages)` is the whole interface: give it the conversation so far (the caller
+owns the messages), iterate the TokenEvents, get a TurnStats last. Each call evaluates only the tokens the
+cache does not already hold, so follow-ups, regenerations and edits of the last message cost their tail.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .events import (
+    STOP_CANCELLED,
+    STOP_CONTEXT,
+    STOP_EOS,
+    STOP_LENGTH,
+    STOP_STRING,
+    Alternative,
+    Message,
+    TokenEvent,
+    TurnStats,
+)
+from .model import Model
+from .sampling import Sampler, SamplingSettings
+from .template import ChatTemplate
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+class ChatSession:
+    """One model, one KV cache, many turns. Not thread-safe except `settings` and `cancel()`."""
+
+    def __init__(self, model: Model, settings: SamplingSettings | None = None, stop: Sequence[str] = ()):
+        self.model = model
+        self.session = model.session()
+        tok = model.tokenizer
+        meta = model.file.metadata
+        self.template = ChatTemplate.from_metadata(
+            meta.get("tokenizer.chat_template"),
+            bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+            eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
+        )
+        self.settings = settings or SamplingSettings()
+        """Replaced (never mutated) from any thread; read before every sampled token."""
+        self.stop_strings = tuple(s for s in stop if s)
+        self._cancel = threading.Event()
+        self._dropped = (
+            0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
+        )
+        self._dropped_now = False
+        self._warned: set[str] = set()
+        self.stop_ids = set(tok.eot_ids)
+        for text in self.template.end_of_turn_strings():
+            ids = tok.tokenize(text, special=True)
+            if len(ids) == 1:
+                self.stop_ids.add(ids[0])
+
+    # -- the narrow interface ------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return self.session.n_ctx
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """The ids whose keys and values the cache holds, in order."""
+        return list(self.session.tokens)
+
+    def cancel(self) -> None:
+        """Stop the running reply after the current token."""
+        self._cancel.set()
+
+    def warnings(self) -> list[str]:
+        """Warnings not yet reported (template fallback, clamped settings, model load notes); each once."""
+        found = list(self.model.warnings)
+        if self.template.warning:
+            found.append(self.template.warning)
+        fresh = [w for w in found if w not in self._warned]
+        self._warned.update(fresh)
+        return fresh
+
+    def prompt_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+        """The conversation rendered through the model's template, tokenized with special tokens."""
+        tok = self.model.tokenizer
+        ids = tok.tokenize(self.template.render(messages, add_generation_prompt), special=True)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids.insert(0, tok.bos_id)
+        return ids
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
+        """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats."""
+        t_start = time.perf_counter()
+        valid, notes = self.settings.validated()
+        reserve = self._reply_reserve(valid)
+        prompt, _ = self._fit(list(messages), reserve)
+        if prompt is None:
+            self._cancel.clear()
+            yield self._stats(0, 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
+            return
+        yield from self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes)
+
+    def stream_completion(self, prompt: Sequence[int]) -> Iterator[TokenEvent | TurnStats]:
+        """Continue raw token ids (no template); stops with 'context' when the cache is full."""
+        t_start = time.perf_counter()
+        valid, notes = self.settings.validated()
+        if len(prompt) >= self.n_ctx:
+            self._cancel.clear()
+            yield self._stats(len(prompt), 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
+            return
+        yield from self._generate(list(prompt), None, 0, 0, t_start, notes)
+
+    def _generate(
+        self,
+        prompt: list[int],
+        messages: list[Message] | None,
+        reserve: int,
+        shifts: int,
+        t_start: float,
+        notes: list[str],
+    ) -> Iterator[TokenEvent | TurnStats]:
+        """Prefill what the cache lacks of `prompt`, then sample until a stop (`messages`: for shifts)."""
+        self._cancel.clear()
+        settings = self.settings
+        valid = settings.validated()[0]
+        reused = common_prefix(self.session.tokens, prompt)
+        reused = min(
+            reused, len(prompt) - 1
+        )  # the last prompt token is always run: its logits start the reply
+        self.session.truncate(reused)
+        t0 = time.perf_counter()
+        logits = self.session.eval(prompt[reused:])
+        prefill_ms = (time.perf_counter() - t0) * 1000
+
+        seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
+        sampler = Sampler(seed)
+        decoder = self.model.stream_decoder()
+        generated: list[int] = []
+        reply = ""
+        forward_ms = prefill_ms
+        ttft_ms = 0.0
+        t_decode = time.perf_counter()
+        stop = STOP_LENGTH
+        while True:
+            if self._cancel.is_set():
+                stop = STOP_CANCELLED
+                break
+            current = self.settings  # re-read every token: the caller may have replaced it
+            if current is not settings:
+                if current.seed != settings.seed and current.seed >= 0:
+                    sampler.reseed(current.seed)
+                settings, valid = current, current.validated()[0]
+            t1 = time.perf_counter()
+            last_n = valid.repeat_last_n
+            recent = (prompt + generated)[-last_n:] if last_n > 0 else ()
+            res = sampler.sample(logits, settings, recent)
+            sample_ms = (time.perf_counter() - t1) * 1000
+            if res.token_id in self.stop_ids:
+                stop = STOP_EOS
+                break
+            generated.append(res.token_id)
+            piece = decoder.push(res.token_id)
+            reply += piece
+            cut = self._stop_string_at(reply, len(piece))
+            if cut is not None:
+                piece = piece[: max(0, len(piece) - (len(reply) - cut))]
+                reply = reply[:cut]
+            if not ttft_ms:
+                ttft_ms = (time.perf_counter() - t_start) * 1000
+            yield TokenEvent(
+                token_id=res.token_id,
+                text=piece,
+                forward_ms=forward_ms,
+                sample_ms=sample_ms,
+                prob=res.prob,
+                top=tuple(Alternative(i, self.model.tokenizer.token_text(i), p) for i, p in res.top),
+                index=len(generated) - 1,
+            )
+            if cut is not None:
+                stop = STOP_STRING
+                break
+            if 0 < valid.max_tokens <= len(generated):
+                stop = STOP_LENGTH
+                break
+            if self.session.n_past >= self.n_ctx:
+                shifted = self._shift(messages, prompt, generated, reserve) if messages else None
+                if shifted is None:
+                    stop = STOP_CONTEXT
+                    break
+                prompt, logits = shifted
+                shifts += 1
+                forward_ms = 0.0
+                continue
+            t2 = time.perf_counter()
+            logits = self.session.eval([res.token_id])
+            forward_ms = (time.perf_counter() - t2) * 1000
+        if stop != STOP_STRING:
+            reply += decoder.flush()
+        decode_ms = (time.perf_counter() - t_decode) * 1000
+        yield self._stats(
+            len(prompt),
+            reused,
+            len(prompt) - reused,
+            prefill_ms,
+            ttft_ms,
+            decode_ms,
+            len(generated),
+            stop,
+            reply,
+            shifts,
+            notes,
+        )
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _stats(
+        self,
+        n_prompt: int,
+        reused: int,
+        evaluated: int,
+        prefill_ms: float,
+        ttft_ms: float,
+        decode_ms: float,
+        n_gen: int,
+        stop: str,
+        reply: str,
+        shifts: int,
+        notes: list[str],
+    ) -> TurnStats:
+        return TurnStats(
+            prompt_tokens=n_prompt,
+            reused_tokens=reused,
+            evaluated_tokens=evaluated,
+            prefill_ms=prefill_ms,
+            ttft_ms=ttft_ms,
+            decode_ms=decode_ms,
+            generated_tokens=n_gen,
+            stop_reason=stop,
+            n_ctx_used=self.session.n_past,
+            n_ctx=self.n_ctx,
+            context_shifts=shifts,
+            dropped_messages=self._dropped,
+            reply=reply,
+            warnings=tuple(notes),
+        )
+
+    def _reply_reserve(self, s: SamplingSettings) -> int:
+        """Room kept free for the reply when fitting the prompt."""
+        quarter = max(1, self.n_ctx // 4)
+        return min(s.max_tokens, quarter) if s.max_tokens > 0 else quarter
+
+    def _stop_string_at(self, reply: str, new: int) -> int | None:
+        """Where a stop string starts in `reply`, looking only where the newest text could complete one."""
+        for s in self.stop_strings:
+            at = reply.find(s, max(0, len(reply) - new - len(s) + 1))
+            if at >= 0:
+                return at
+        return None
+
+    def _fit(self, messages: list[Message], reserve: int) -> tuple[list[int] | None, list[Message] | None]:
+        """The prompt that fits n_ctx - reserve: the system prompt, then the most recent turns.
+
+        Oldest turns are dropped in whole user/assistant pairs, and once dropped they stay dropped in later
+        turns, so the kept prefix (and its cache) survives from turn to turn.
+        """
+        self._dropped_now = False  # whether this fit dropped more than the last one
+        system = messages[:1] if messages and messages[0].role == "system" else []
+        rest = messages[len(system) :]
+        drop = min(self._dropped, max(0, len(rest) - 1))
+        budget = self.n_ctx - reserve
+        while True:
+            kept = system + rest[drop:]
+            prompt = self.prompt_tokens(kept)
+            if len(prompt) <= budget:
+                if drop != self._dropped:
+                    self._dropped_now = drop > self._dropped
+                self._dropped = drop
+                return prompt, kept
+            if drop >= len(rest) - 1:  # only the newest message is left and it still does not fit
+                if len(prompt) < self.n_ctx:
+                    self._dropped = drop
+                    return prompt, kept
+                return None, None
+            # Drop half of what is left (at least one pair), like llama.cpp's context shift.
+            drop += max(2, (len(rest) - drop) // 2)
+            drop = min(drop, len(rest) - 1)
+            if drop < len(rest) and rest[drop].role == "assistant":  # never start on an assistant turn
+                drop = min(drop + 1, len(rest) - 1)
+
+    def _shift(
+        self, messages: list[Message], prompt: list[int], generated: list[int], reserve: int
+    ) -> tuple[list[int], np.ndarray] | None:
+        """The cache is full mid-reply: drop old turns and continue from the same partial reply."""
+        before = self._dropped
+        self._dropped += 2
+        new_prompt, _ = self._fit(messages, reserve)
+        if new_prompt is None or self._dropped == before or len(new_prompt) + len(generated) >= self.n_ctx:
+            self._dropped = before
+            return None
+        sequence = new_prompt + generated
+        keep = common_prefix(self.session.tokens, sequence)
+        keep = min(keep, len(sequence) - 1)
+        self.session.truncate(keep)
+        logits = self.session.eval(sequence[keep:])
+        return new_prompt, logits
