@@ -1,0 +1,229 @@
+"""Tiny GGUF models of each architecture, written with gguf.GGUFWriter, and an independent NumPy forward pass.
+
+The reference reads the same weights as float64 and computes attention from scratch for every position, with
+no KV cache, no chunking and no shared code with engine/model.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+
+def bytes_to_unicode() -> list[str]:
+    """GPT-2's printable stand-in for each byte value."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
+
+
+def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
+    """A byte-level BPE vocabulary: 256 bytes, a few merges, two control tokens."""
+    tokens = bytes_to_unicode()
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "a t", "e n"]
+    for m in merges:
+        tokens.append(m.replace(" ", ""))
+    types = [1] * len(tokens)
+    for special in ("<|endoftext|>", "<|im_end|>"):
+        tokens.append(special)
+        types.append(3)
+    return tokens, merges, types
+
+
+@dataclass
+class TinyModel:
+    arch: str
+    path: Path
+    n_vocab: int
+    d: int
+    n_head: int
+    n_kv: int
+    n_layer: int
+    d_ff: int
+    n_ctx: int
+    eps: float
+    rope_base: float = 10000.0
+    w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
+
+
+def write_tiny_model(
+    path: Path, arch: str, seed: int = 0, matrix_type: T = T.Q8_0, drop: tuple[str, ...] = (), tied: bool = False
+) -> TinyModel:
+    """Write a 2-layer model of `arch` to `path`; matrices in `matrix_type`, norms/biases in F32."""
+    rng = np.random.default_rng(seed)
+    tokens, merges, types = tiny_vocab()
+    n_vocab = len(tokens)
+    m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=2 if arch != "gpt2" else 4, n_layer=2, d_ff=128,
+                  n_ctx=128, eps=1e-5)  # fmt: skip
+    hd = m.d // m.n_head
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(m.n_ctx)
+    writer.add_embedding_length(m.d)
+    writer.add_block_count(m.n_layer)
+    writer.add_feed_forward_length(m.d_ff)
+    writer.add_head_count(m.n_head)
+    writer.add_head_count_kv(m.n_kv)
+    if arch == "gpt2":
+        writer.add_layer_norm_eps(m.eps)
+    else:
+        writer.add_layer_norm_rms_eps(m.eps)
+        writer.add_rope_freq_base(m.rope_base)
+        writer.add_rope_dimension_count(hd)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(merges)
+    writer.add_token_types(types)
+    writer.add_eos_token_id(n_vocab - 2)
+    writer.add_bos_token_id(n_vocab - 2)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        a = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
+        if matrix_type == T.F32:
+            m.w[name] = a.astype(np.float64)
+            data = a
+            writer_args = {}
+        else:
+            data = gguf.quants.quantize(a, matrix_type)
+            m.w[name] = gguf.quants.dequantize(data, matrix_type).reshape(rows, cols).astype(np.float64)
+            writer_args = {"raw_dtype": matrix_type}
+        if name not in drop:
+            writer.add_tensor(name, data, **writer_args)
+
+    def vector(name: str, n: int, center: float) -> None:
+        a = (center + rng.standard_normal(n) * 0.1).astype(np.float32)
+        m.w[name] = a.astype(np.float64)
+        if name not in drop:
+            writer.add_tensor(name, a)
+
+    matrix("token_embd.weight", n_vocab, m.d)
+    if arch == "gpt2":
+        matrix("position_embd.weight", m.n_ctx, m.d)
+    vector("output_norm.weight", m.d, 1.0)
+    if arch == "gpt2":
+        vector("output_norm.bias", m.d, 0.0)
+    if not tied:
+        matrix("output.weight", n_vocab, m.d)
+    for i in range(m.n_layer):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", m.d, 1.0)
+        vector(p + "ffn_norm.weight", m.d, 1.0)
+        if arch == "gpt2":
+            vector(p + "attn_norm.bias", m.d, 0.0)
+            vector(p + "ffn_norm.bias", m.d, 0.0)
+            matrix(p + "attn_qkv.weight", 3 * m.d, m.d)
+            vector(p + "attn_qkv.bias", 3 * m.d, 0.0)
+            vector(p + "attn_output.bias", m.d, 0.0)
+            vector(p + "ffn_up.bias", m.d_ff, 0.0)
+            vector(p + "ffn_down.bias", m.d, 0.0)
+        else:
+            matrix(p + "attn_q.weight", m.n_head * hd, m.d)
+            matrix(p + "attn_k.weight", m.n_kv * hd, m.d)
+            matrix(p + "attn_v.weight", m.n_kv * hd, m.d)
+            matrix(p + "ffn_gate.weight", m.d_ff, m.d)
+            if arch == "qwen2":
+                vector(p + "attn_q.bias", m.n_head * hd, 0.0)
+                vector(p + "attn_k.bias", m.n_kv * hd, 0.0)
+                vector(p + "attn_v.bias", m.n_kv * hd, 0.0)
+        matrix(p + "attn_output.weight", m.d, m.n_head * hd)
+        matrix(p + "ffn_up.weight", m.d_ff, m.d)
+        matrix(p + "ffn_down.weight", m.d, m.d_ff)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return m
+
+
+def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
+    """Float64 logits (len(ids), n_vocab), every position attending to all earlier ones, recomputed."""
+    w = m.w
+    hd = m.d // m.n_head
+    group = m.n_head // m.n_kv
+    x = w["token_embd.weight"][ids]  # (t, d)
+    t = len(ids)
+    if m.arch == "gpt2":
+        x = x + w["position_embd.weight"][:t]
+
+    def norm(v: np.ndarray, name: str) -> np.ndarray:
+        if m.arch == "gpt2":
+            mu = v.mean(-1, keepdims=True)
+            var = ((v - mu) ** 2).mean(-1, keepdims=True)
+            return (v - mu) / np.sqrt(var + m.eps) * w[name + ".weight"] + w[name + ".bias"]
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + m.eps) * w[name + ".weight"]
+
+    def rotate(v: np.ndarray) -> np.ndarray:  # v (t, heads, hd)
+        out = v.copy()
+        for pos in range(t):
+            for i in range(hd // 2):
+                angle = pos * m.rope_base ** (-2.0 * i / hd)
+                c, s = np.cos(angle), np.sin(angle)
+                a, b = (i, i + hd // 2) if m.arch == "qwen2" else (2 * i, 2 * i + 1)
+                out[pos, :, a] = v[pos, :, a] * c - v[pos, :, b] * s
+                out[pos, :, b] = v[pos, :, a] * s + v[pos, :, b] * c
+        return out
+
+    for i in range(m.n_layer):
+        p = f"blk.{i}."
+        h = norm(x, p + "attn_norm")
+        if m.arch == "gpt2":
+            qkv = h @ w[p + "attn_qkv.weight"].T + w[p + "attn_qkv.bias"]
+            q, k, v = qkv[:, : m.d], qkv[:, m.d : 2 * m.d], qkv[:, 2 * m.d :]
+        else:
+            q, k, v = (h @ w[p + f"attn_{n}.weight"].T for n in "qkv")
+            if m.arch == "qwen2":
+                q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+        q = q.reshape(t, m.n_head, hd)
+        k = k.reshape(t, m.n_kv, hd)
+        v = v.reshape(t, m.n_kv, hd)
+        if m.arch != "gpt2":
+            q, k = rotate(q), rotate(k)
+        att = np.zeros((t, m.n_head, hd))
+        for pos in range(t):
+            for head in range(m.n_head):
+                kv = head // group
+                scores = k[: pos + 1, kv] @ q[pos, head] / np.sqrt(hd)  # (pos+1,)
+                p_att = np.exp(scores - scores.max())
+                p_att /= p_att.sum()
+                att[pos, head] = p_att @ v[: pos + 1, kv]
+        o = att.reshape(t, m.d) @ w[p + "attn_output.weight"].T
+        if m.arch == "gpt2":
+            o = o + w[p + "attn_output.bias"]
+        x = x + o
+        h = norm(x, p + "ffn_norm")
+        if m.arch == "gpt2":
+            u = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
+            u = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+            f = u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
+        else:
+            g = h @ w[p + "ffn_gate.weight"].T
+            f = (g / (1 + np.exp(-g)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        x = x + f
+    x = norm(x, "output_norm")
+    out = w.get("output.weight") if "output.weight" in w else w["token_embd.weight"]
+    return x @ out.T
+
+
+def rewrite_model(src: Path, dst: Path, change_tensor) -> None:
+    """Copy a GGUF, passing each tensor's (name, data) through `change_tensor` (returns the new data)."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, change_tensor(t.name, np.array(t.data)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
