@@ -42,9 +42,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class ChatSession:
     """One model, one KV cache, many turns. Not thread-safe except `settings` and `cancel()`."""
 
-    def __init__(self, model: Model, settings: SamplingSettings | None = None, stop: Sequence[str] = ()):
+    def __init__(
+        self,
+        model: Model,
+        settings: SamplingSettings | None = None,
+        stop: Sequence[str] = (),
+        n_ctx: int | None = None,
+    ):
         self.model = model
-        self.session = model.session()
+        self.session = model.session(n_ctx)
         tok = model.tokenizer
         meta = model.file.metadata
         self.template = ChatTemplate.from_metadata(

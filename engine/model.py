@@ -51,7 +51,9 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
-def rope_tables(cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(
+    cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32."""
     half = cfg.rope_dim // 2
     inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
@@ -126,7 +128,13 @@ class Model:
     """A loaded model: weights mapped from the file, tokenizer, and the forward pass."""
 
     def __init__(
-        self, file: GGUFFile, cfg: ModelConfig, weights: Weights, tokenizer: Tokenizer, n_ctx: int, threads: int
+        self,
+        file: GGUFFile,
+        cfg: ModelConfig,
+        weights: Weights,
+        tokenizer: Tokenizer,
+        n_ctx: int,
+        threads: int,
     ):
         self.file = file
         self.cfg = cfg
@@ -164,8 +172,11 @@ class Model:
 
     # -- compute ---------------------------------------------------------------------------------------
 
-    def session(self) -> Session:
-        return Session(self)
+    def session(self, n_ctx: int | None = None) -> Session:
+        """A fresh KV cache of n_ctx positions (default and maximum: the model's n_ctx)."""
+        if n_ctx is not None and not 0 < n_ctx <= self.n_ctx:
+            raise SettingsError(f"session context {n_ctx} must be between 1 and the model's {self.n_ctx}")
+        return Session(self, n_ctx or self.n_ctx)
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of `ids` in a fresh context: float32 (len(ids), n_vocab)."""
@@ -255,9 +266,9 @@ class Model:
 class Session:
     """A conversation's state on one model: a KV cache of n_ctx positions and the token ids it holds."""
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, n_ctx: int):
         self.model = model
-        self.cache = KVCache(model.cfg, model.n_ctx)
+        self.cache = KVCache(model.cfg, n_ctx)
         self.tokens: list[int] = []  # ids whose K/V are in the cache, in order
 
     @property

@@ -1,0 +1,184 @@
+"""The chat layer on the real SmolLM2: cache reuse across turns, regenerate/edit, cancel, live settings, overflow."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from engine.chat import ChatSession, common_prefix
+from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
+from engine.sampling import SamplingSettings
+from engine.template import ChatTemplate
+
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=16)
+SYSTEM = Message("system", "You are a concise assistant.")
+
+
+def run(chat: ChatSession, messages: list[Message]) -> tuple[list[TokenEvent], TurnStats]:
+    events = list(chat.stream_reply(messages))
+    stats = events[-1]
+    assert isinstance(stats, TurnStats)
+    return events[:-1], stats
+
+
+def assert_cache_matches_fresh(chat: ChatSession) -> None:
+    """Logits after one more token from the chat's cache equal a fresh evaluation of the same ids."""
+    ids = chat.cached_tokens
+    probe = 198  # "\n"
+    incremental = chat.session.eval([probe])
+    fresh = chat.model.logits([*ids, probe])[-1]
+    spread = fresh.max() - fresh.min()
+    assert int(incremental.argmax()) == int(fresh.argmax())
+    assert np.abs(incremental - fresh).max() <= 2e-3 * spread
+    chat.session.truncate(len(ids))
+
+
+@pytest.fixture
+def chat(smollm2_model) -> ChatSession:
+    return ChatSession(smollm2_model, GREEDY)
+
+
+def test_follow_up_turn_evaluates_only_new_tokens(chat: ChatSession) -> None:
+    messages = [SYSTEM, Message("user", "Name a primary colour.")]
+    _, first = run(chat, messages)
+    assert first.reused_tokens == 0
+    assert first.evaluated_tokens == first.prompt_tokens == len(chat.prompt_tokens(messages))
+
+    cached = chat.cached_tokens
+    messages += [Message("assistant", first.reply), Message("user", "And another one?")]
+    prompt = chat.prompt_tokens(messages)
+    _, second = run(chat, messages)
+    reusable = common_prefix(cached, prompt)
+    assert reusable >= first.prompt_tokens  # at least the whole first prompt
+    assert second.reused_tokens == reusable
+    assert second.evaluated_tokens == len(prompt) - reusable
+    # What is new: the end of the reply, the new user message and the template around it.
+    new_user = len(chat.model.tokenize("And another one?"))
+    assert second.evaluated_tokens <= new_user + 12
+
+    # Third turn, max_tokens 1 so the cache holds exactly the prompt: compare with a fresh session.
+    messages += [Message("assistant", second.reply), Message("user", "Thanks!")]
+    chat.settings = replace(GREEDY, max_tokens=1)
+    _, third = run(chat, messages)
+    assert third.reused_tokens >= second.prompt_tokens
+    assert chat.cached_tokens == chat.prompt_tokens(messages)
+    assert_cache_matches_fresh(chat)
+
+
+def test_regenerate_and_edit_reuse_the_prefix(chat: ChatSession) -> None:
+    history = [SYSTEM, Message("user", "Say hello."), Message("assistant", "Hello!")]
+    messages = [*history, Message("user", "Now say goodbye.")]
+    _, first = run(chat, messages)
+    prompt = chat.prompt_tokens(messages)
+
+    _, regen = run(chat, messages)  # regenerate: same conversation again
+    assert regen.reused_tokens == len(prompt) - 1  # everything but the last token, whose logits start the reply
+    assert regen.evaluated_tokens == 1
+
+    edited = [*history, Message("user", "Now say good night.")]
+    edited_prompt = chat.prompt_tokens(edited)
+    _, edit = run(chat, edited)
+    history_len = len(chat.prompt_tokens(history, add_generation_prompt=False))
+    assert edit.reused_tokens >= history_len
+    assert edit.reused_tokens == common_prefix(prompt, edited_prompt)
+    assert edit.evaluated_tokens == len(edited_prompt) - edit.reused_tokens
+
+
+def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession) -> None:
+    chat.settings = replace(GREEDY, max_tokens=64)
+    messages = [SYSTEM, Message("user", "Write a long story about a dragon.")]
+    prompt = chat.prompt_tokens(messages)
+    shown: list[TokenEvent] = []
+    stats = None
+    for event in chat.stream_reply(messages):
+        if isinstance(event, TokenEvent):
+            shown.append(event)
+            if len(shown) == 5:
+                chat.cancel()
+        else:
+            stats = event
+    assert stats is not None and stats.stop_reason == STOP_CANCELLED
+    assert len(shown) == 5
+    ids = [e.token_id for e in shown]
+    assert chat.cached_tokens == prompt + ids
+    assert "".join(e.text for e in shown) == stats.reply == chat.model.detokenize(ids)
+
+    # The partial reply becomes the assistant message; the next turn starts from the cache and stays exact.
+    chat.settings = replace(GREEDY, max_tokens=1)
+    follow = [*messages, Message("assistant", stats.reply), Message("user", "Go on.")]
+    _, next_stats = run(chat, follow)
+    assert next_stats.reused_tokens >= len(prompt)
+    assert chat.cached_tokens == chat.prompt_tokens(follow)
+    assert_cache_matches_fresh(chat)
+
+
+def test_settings_change_mid_reply_applies_to_the_next_token(chat: ChatSession) -> None:
+    wild = SamplingSettings(temperature=3.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=40)
+    chat.settings = wild
+    events = []
+    for event in chat.stream_reply([Message("user", "Tell me about the sea.")]):
+        if isinstance(event, TokenEvent):
+            events.append(event)
+            if event.index == 4:
+                chat.settings = replace(wild, temperature=0.0, max_tokens=12)
+        else:
+            stats = event
+    assert stats.stop_reason in (STOP_LENGTH, STOP_EOS)
+    if stats.stop_reason == STOP_LENGTH:
+        assert len(events) == 12  # the new max_tokens took effect
+    greedy_part = events[5:]
+    assert greedy_part, "the reply ended before the switch"
+    assert all(e.token_id == e.top[0].token_id for e in greedy_part)
+
+
+def test_same_seed_same_reply(smollm2_model) -> None:
+    settings = SamplingSettings(temperature=1.0, seed=1234, max_tokens=20)
+    messages = [Message("user", "Invent a word.")]
+    a = run(ChatSession(smollm2_model, settings), messages)[1].reply
+    b = run(ChatSession(smollm2_model, settings), messages)[1].reply
+    c = run(ChatSession(smollm2_model, replace(settings, seed=99)), messages)[1].reply
+    assert a == b
+    assert a != c
+
+
+def test_token_events_carry_timing_and_alternatives(chat: ChatSession) -> None:
+    events, stats = run(chat, [Message("user", "Count to five.")])
+    assert events and stats.generated_tokens == len(events)
+    for e in events:
+        assert e.forward_ms > 0 and e.sample_ms >= 0
+        assert 0 < e.prob <= 1
+        assert len(e.top) == 5 and e.top[0].prob >= e.top[-1].prob
+    assert stats.prefill_ms > 0 and stats.ttft_ms >= stats.prefill_ms
+    assert stats.prefill_tok_s > 0
+    assert stats.n_ctx_used == len(chat.cached_tokens)
+
+
+def test_hostile_template_falls_back_to_chatml(smollm2_model, tmp_path) -> None:
+    chat = ChatSession(smollm2_model, GREEDY)
+    marker = tmp_path / "pwned"
+    evil = "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
+    chat.template = ChatTemplate.from_metadata(evil, "<|im_start|>", "<|im_end|>")
+    _, stats = run(chat, [Message("user", "Hi")])
+    assert not marker.exists()
+    assert stats.generated_tokens > 0
+    assert any("ChatML" in w for w in chat.warnings())
+
+
+def test_overflow_keeps_the_system_prompt(smollm2_model) -> None:
+    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=24), n_ctx=256)
+    system = Message("system", "You are a pirate. Always answer like a pirate.")
+    system_ids = chat.prompt_tokens([system], add_generation_prompt=False)
+    messages = [system]
+    shifted = 0
+    for turn in range(20):
+        messages.append(Message("user", f"Question number {turn}: what is {turn} plus {turn}? Explain briefly."))
+        _, stats = run(chat, messages)
+        assert stats.stop_reason in (STOP_EOS, STOP_LENGTH)
+        assert stats.n_ctx_used <= 256
+        assert chat.cached_tokens[: len(system_ids)] == system_ids
+        shifted += stats.context_shifts
+        messages.append(Message("assistant", stats.reply))
+    assert shifted > 0
+    assert stats.dropped_messages > 0
