@@ -48,17 +48,41 @@ def test_teacher_forced_logits_match_llama_cpp(case) -> None:
 
 
 def test_greedy_continuations_match_llama_cpp(case) -> None:
+    """Greedy decoding follows llama.cpp's tokens; where it leaves them, it is at a near-tie.
+
+    llama.cpp rounds activations to 8 bits and its KV cache to 16, so two candidates a few hundredths of a
+    logit apart can swap places. Every prompt must match up to its first near-tie.
+    """
     model, golden = case
-    matches = []
     for item in golden["greedy"]:
         session = model.session()
         logits = session.eval(item["prompt_ids"])
-        ours = []
-        for _ in range(8):
-            ours.append(int(np.argmax(logits)))
-            logits = session.eval([ours[-1]])
-        matches.append(ours == item["greedy_ids"][:8])
-    assert sum(matches) > len(matches) / 2, matches  # "most prompts": a late near-tie may flip
+        for step, want in enumerate(item["greedy_ids"][:8]):
+            got = int(np.argmax(logits))
+            if got != want:
+                margin = float(logits[got] - logits[want])
+                assert margin < 0.3, f"step {step}: {got} beat llama.cpp's {want} by {margin:.3f} logits"
+                break
+            logits = session.eval([got])
+
+
+def test_greedy_first_eight_match_for_most_prompts(smollm2_model, qwen_model, golden_smollm2, golden_qwen) -> None:
+    """Over all golden prompts of both models, most continue exactly as llama.cpp's for 8 tokens."""
+    results = {}
+    for name, model, golden in (("smollm2", smollm2_model, golden_smollm2), ("qwen", qwen_model, golden_qwen)):
+        matched = 0
+        for item in golden["greedy"]:
+            session = model.session()
+            logits = session.eval(item["prompt_ids"])
+            ours = []
+            for _ in range(8):
+                ours.append(int(np.argmax(logits)))
+                logits = session.eval([ours[-1]])
+            matched += ours == item["greedy_ids"][:8]
+        results[name] = (matched, len(golden["greedy"]))
+    total = sum(m for m, _ in results.values())
+    prompts = sum(n for _, n in results.values())
+    assert total > prompts / 2, results
 
 
 def test_session_in_chunks_equals_fresh_logits(smollm2_model, golden_smollm2) -> None:
