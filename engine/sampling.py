@@ -9,6 +9,9 @@ the tokens that survive. A temperature <= 0 means greedy: the argmax after penal
 
 Candidates are ordered by (logit descending, token id ascending), so every mask is exact and ties are
 broken the same way on every run: among equal logits the lower token id wins.
+
+Cost per token (2 shared vCPUs, median): defaults ~0.4 ms at a 49k vocab, ~0.9 ms at 152k; top_k = 0
+sorts only the head that top-p needs (a few ms when that head is thousands of tokens).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class SamplingSettings:
     max_tokens: int = 512  # reply length limit; -1: until the context is full
 
     def validated(self) -> tuple[SamplingSettings, list[str]]:
-        """Settings with absurd values replaced by usable ones, and one message per replacement.
+        """Settings with absurd values replaced by usable ones, and one message per field replaced.
 
         Each message names the field, the value given and the value used, e.g.
         "top_p 7 is above 1; using 1.0".
@@ -112,11 +115,16 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
     float32 input is exponentiated in float32 (4x faster over a 152k vocab), then normalised in float64.
     """
+    e = _exp_shifted(logits)
+    return e.astype(np.float64) / e.sum(dtype=np.float64)
+
+
+def _exp_shifted(logits: np.ndarray) -> np.ndarray:
+    """exp(logits - max): unnormalised probabilities, float32 for float32 input."""
     x = np.asarray(logits)
     if x.dtype != np.float32:
         x = x.astype(np.float64)
-    e = np.exp(x - x.max()).astype(np.float64, copy=False)
-    return e / e.sum()
+    return np.exp(x - x.max())
 
 
 def apply_penalties(
@@ -181,7 +189,10 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
 
     Exact under ties: tokens tied at the boundary are taken lowest id first. O(n) for k < n (partition).
     """
-    keys = _order_keys(logits)
+    return _top(_order_keys(logits), k)
+
+
+def _top(keys: np.ndarray, k: int) -> np.ndarray:
     if k <= 0:
         return np.empty(0, dtype=np.intp)
     if k < keys.size:
@@ -258,13 +269,17 @@ def _candidates(x: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.nda
     if min_p > 0.0:
         keep = max(int(np.count_nonzero(x >= _min_p_threshold(x.max(), min_p))), 1)
     if top_p < 1.0:
-        probs = softmax(x)
-        # Usually a short head holds top_p of the mass; if not, sort everything that min-p lets through.
-        for m in (min(256, keep), keep):
-            ids = top_ids(x, m)
-            head = probs[ids]
+        e = _exp_shifted(x)
+        z = e.sum(dtype=np.float64)  # as softmax() computes it, so the masks and this agree to the bit
+        # Usually a short head holds top_p of the mass; if not, widen it (partitioning is cheaper than sorting).
+        keys = _order_keys(x)
+        m = min(256, keep)
+        while True:
+            ids = _top(keys, m)
+            head = e[ids].astype(np.float64) / z
             if np.cumsum(head)[-1] >= top_p or m == keep:
                 return ids[: min(_top_p_count(head, top_p), keep)]
+            m = min(m * 16, keep)
     return top_ids(x, keep)
 
 
@@ -277,9 +292,12 @@ def distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.nda
     """
     s = settings
     ids = _candidates(logits, s.top_k, s.top_p, s.min_p)
+    # Shift before dividing: with a tiny temperature, logit / t alone overflows to inf (and inf - inf = nan).
     if ids is None:
-        return None, softmax(logits / np.float32(s.temperature))
-    return ids, softmax(logits[ids].astype(np.float64) / s.temperature)
+        with np.errstate(over="ignore"):  # -huge / tiny t -> -inf -> probability 0, as it should
+            return None, softmax((logits - logits.max()) / np.float32(s.temperature))
+    x = logits[ids].astype(np.float64)
+    return ids, softmax((x - x[0]) / s.temperature)
 
 
 class Sampler:
@@ -302,9 +320,7 @@ class Sampler:
         if settings is not self._settings:  # validate once per settings object, not per token
             self._settings, self._valid = settings, settings.validated()[0]
         s = self._valid
-        x = apply_penalties(
-            logits, recent, s.repeat_penalty, s.repeat_last_n, s.presence_penalty, s.frequency_penalty
-        )
+        x = apply_penalties(logits, recent, s.repeat_penalty, s.repeat_last_n, s.presence_penalty, s.frequency_penalty)
         x_max = float(x.max())
         if not math.isfinite(x_max):
             raise ValueError(f"logits are not usable for sampling (max is {x_max})")

@@ -1,0 +1,276 @@
+"""Settings: the bundled `defaults.toml`, overlaid by the user's `config.toml`, overlaid by the command line.
+
+Every key is checked against the defaults' schema: an unknown key, a wrong type or an out-of-range value is a
+`ConfigError` naming the file (and line, where it can be found), the key and what was expected. The message is
+one line; the CLI prints `str(error)` and never a traceback.
+
+The `[sampling]` table maps one to one onto `engine.sampling.SamplingSettings`, whose fields are the schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+import tomllib
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from chatapp import paths
+
+if TYPE_CHECKING:
+    from engine.sampling import SamplingSettings
+
+DEVICES = ("auto", "cpu", "gpu")
+CLI = "command line"  # the source name used in errors about `cli_overrides`
+
+
+class ConfigError(Exception):
+    """A settings or catalog file (or command-line value) that cannot be used. The message is one line."""
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """Everything the app reads from configuration, after layering."""
+
+    model: str  # a catalog name, a path to a .gguf file, or a .gguf file's name in the models directory
+    n_ctx: int  # context size in tokens
+    threads: int  # CPU threads for inference; 0 = all cores
+    device: str  # "auto" (a GPU when one is usable), "cpu" or "gpu"
+    gpu_layers: int  # layers to run on the GPU when the device is a GPU; -1 = all
+    system_prompt: str  # "" = no system message
+    sampling: SamplingSettings  # handed to the engine as is
+    sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Schema: a type and a range check per key
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: type  # int, float, str or bool
+    check: Callable[[Any], bool] | None = None
+    expected: str = ""  # what `check` wants, e.g. "≥ 0"
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+_TOP_RULES: dict[str, _Rule] = {
+    "model": _Rule(str, lambda v: bool(v.strip()), "(not empty)"),
+    "n_ctx": _Rule(int, lambda v: v >= 1, "≥ 1"),
+    "threads": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = all cores)"),
+    "device": _Rule(str, lambda v: v in DEVICES, f"one of {', '.join(map(repr, DEVICES))}"),
+    "gpu_layers": _Rule(int, lambda v: v >= -1, "≥ -1 (-1 = all)"),
+    "system_prompt": _Rule(str),
+}
+
+_SAMPLING_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (lambda v: v >= 0, "≥ 0 (0 = greedy)"),
+    "top_k": (lambda v: v >= 0, "≥ 0 (0 = off)"),
+    "top_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "min_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
+    "repeat_penalty": (lambda v: v > 0, "> 0 (1 = off)"),
+    "repeat_last_n": (lambda v: v >= 0, "≥ 0"),
+    "seed": (lambda v: v >= -1, "≥ -1 (-1 = random)"),
+    "max_tokens": (lambda v: v == -1 or v >= 1, "≥ 1, or -1 for no limit"),
+}
+
+
+@functools.cache
+def _sampling_rules() -> dict[str, _Rule]:
+    # Imported here, not at the top: importing `engine` loads Numba (seconds), and the catalog and `chatapp
+    # pull` read TOML through this module without needing the engine.
+    from engine.sampling import SamplingSettings
+
+    hints = typing.get_type_hints(SamplingSettings)
+    rules = {}
+    for field in dataclasses.fields(SamplingSettings):
+        check, expected = _SAMPLING_CHECKS.get(field.name, (None, ""))
+        rules[field.name] = _Rule(hints[field.name], check, expected)
+    return rules
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading TOML with errors fit for a user
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; any failure is a one-line ConfigError naming the file (and line, for bad syntax)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(_toml_error_message(path, e, text)) from None
+
+
+def _toml_error_message(path: Path, error: tomllib.TOMLDecodeError, text: str) -> str:
+    # Python 3.14 gives the error a `lineno`; older ones put "(at line L, column C)" in the message.
+    message = str(error)
+    lineno = getattr(error, "lineno", None)
+    match = re.search(r"\s*\(at line (\d+), column \d+\)$", message)
+    if match:
+        lineno = lineno or int(match.group(1))
+        message = message[: match.start()]
+    elif message.endswith("(at end of document)"):
+        lineno = lineno or text.count("\n") + 1
+        message = message.removesuffix("(at end of document)").rstrip()
+    message = getattr(error, "msg", None) or message
+    where = f"{path}, line {lineno}" if lineno else str(path)
+    return f"{where}: invalid TOML: {message}"
+
+
+def _find_line(path: Path, table: str | None, key: str) -> int | None:
+    """Best effort: the line where `key` is set in `[table]` (or at top level), for error messages."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    current: str | None = None
+    key_re = re.compile(rf"""^\s*(["']?){re.escape(key)}\1\s*=""")
+    dotted_re = re.compile(rf"""^\s*{re.escape(table or "")}\s*\.\s*{re.escape(key)}\s*=""")
+    for number, line in enumerate(lines, start=1):
+        header = re.match(r"^\s*\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1).strip("\"'")
+        elif current == table and key_re.match(line):
+            return number
+        elif table and current is None and dotted_re.match(line):
+            return number
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Layering
+
+
+def _coerce(value: Any, rule: _Rule, where: str, from_cli: bool) -> Any:
+    """The value as the rule's type, or ConfigError saying what `where` expected."""
+    kind = _KIND_NAMES.get(rule.kind, rule.kind.__name__)
+    expected = rule.expected if rule.expected.startswith("one of") else f"{kind} {rule.expected}".strip()
+    result: Any = None
+    if rule.kind is bool:
+        result = value if isinstance(value, bool) else None
+    elif rule.kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            result = value
+        elif from_cli and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+            result = int(value)
+    elif rule.kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            result = float(value)
+        elif from_cli and isinstance(value, str):
+            try:
+                result = float(value)
+            except ValueError:
+                result = None
+    elif rule.kind is str:
+        result = value if isinstance(value, str) else None
+    else:  # a field type this module does not know: pass it through for the engine to judge
+        result = value
+    if result is None or (rule.check is not None and not rule.check(result)):
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}")
+    return result
+
+
+def _merge_layer(
+    merged: dict[str, Any], sampling: dict[str, Any], layer: Mapping[str, Any], source: str, path: Path | None
+) -> None:
+    """Check `layer` against the schema and copy its values over `merged` / `sampling`."""
+    from_cli = path is None
+    sampling_rules = _sampling_rules()
+
+    def where(table: str | None, key: str) -> str:
+        dotted = f"{table}.{key}" if table else key
+        if path is None:
+            return f"{source}: {dotted}"
+        line = _find_line(path, table, key)
+        return f"{path}, line {line}: {dotted}" if line else f"{path}: {dotted}"
+
+    def unknown(table: str | None, key: str, known: Mapping[str, Any]) -> ConfigError:
+        close = difflib.get_close_matches(key, list(known), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        scope = f"[{table}]" if table else "the top level"
+        return ConfigError(
+            f"{where(table, key)}: unknown key in {scope}{hint} (expected one of: {', '.join(known)})"
+        )
+
+    for key, value in layer.items():
+        if from_cli and value is None:
+            continue  # an option the user did not give
+        table, _, sub = key.partition(".") if from_cli and "." in key else (None, "", key)
+        if table is not None and table != "sampling":
+            raise unknown(None, key, _TOP_RULES | {"sampling": None})
+        if table == "sampling" or (table is None and from_cli and key in sampling_rules):
+            if sub not in sampling_rules:
+                raise unknown("sampling", sub, sampling_rules)
+            sampling[sub] = _coerce(value, sampling_rules[sub], where("sampling", sub), from_cli)
+        elif key == "sampling":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where(None, key)}: expected a table of sampling settings, got {value!r}")
+            for sub_key, sub_value in value.items():
+                if from_cli and sub_value is None:
+                    continue
+                if sub_key not in sampling_rules:
+                    raise unknown("sampling", sub_key, sampling_rules)
+                rule = sampling_rules[sub_key]
+                sampling[sub_key] = _coerce(sub_value, rule, where("sampling", sub_key), from_cli)
+        elif key in _TOP_RULES:
+            merged[key] = _coerce(value, _TOP_RULES[key], where(None, key), from_cli)
+        else:
+            raise unknown(None, key, _TOP_RULES | {"sampling": None})
+
+
+def defaults_file() -> Path:
+    """The bundled defaults."""
+    return paths.config_dir() / "defaults.toml"
+
+
+def load_settings(
+    cli_overrides: Mapping[str, Any] | None = None,
+    *,
+    config_file: Path | None = None,
+    defaults: Path | None = None,
+) -> AppSettings:
+    """Bundled defaults ← the user's config file ← `cli_overrides`.
+
+    `config_file` defaults to `paths.user_config_file()`, which may be absent; a file given explicitly
+    must exist.
+    `cli_overrides` takes top-level keys ("model", "n_ctx", ...), sampling keys either flat ("temperature"),
+    dotted ("sampling.temperature") or as a "sampling" dict; None values mean "not given" and are skipped.
+    Raises ConfigError.
+    """
+    defaults = defaults_file() if defaults is None else defaults
+    merged: dict[str, Any] = {}
+    sampling: dict[str, Any] = {}
+    _merge_layer(merged, sampling, read_toml(defaults), str(defaults), defaults)
+    missing = [k for k in _TOP_RULES if k not in merged]
+    missing += [f"sampling.{k}" for k in _sampling_rules() if k not in sampling]
+    if missing:
+        raise ConfigError(f"{defaults}: missing key '{missing[0]}'")
+    sources = [str(defaults)]
+
+    explicit = config_file is not None
+    config_file = paths.user_config_file() if config_file is None else config_file
+    if explicit or config_file.exists():
+        _merge_layer(merged, sampling, read_toml(config_file), str(config_file), config_file)
+        sources.append(str(config_file))
+
+    if cli_overrides:
+        _merge_layer(merged, sampling, cli_overrides, CLI, None)
+        sources.append(CLI)
+
+    from engine.sampling import SamplingSettings
+
+    return AppSettings(**merged, sampling=SamplingSettings(**sampling), sources=tuple(sources))
