@@ -14,10 +14,6 @@ import engine.template
 from engine.events import Message
 from engine.template import ChatTemplate
 
-MODELS = Path.home() / ".cache" / "chatapp" / "models"
-SMOLLM = MODELS / "SmolLM2-135M-Instruct.Q4_1.gguf"
-QWEN = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-
 CONVERSATION = [
     Message("system", "Answer in one word."),
     Message("user", "Capital of France?"),
@@ -34,39 +30,20 @@ CHATML = (
 WITHOUT_SYSTEM = CHATML.split("<|im_end|>\n", 1)[1]  # the same conversation, system turn removed
 
 
-def gguf_template(path: Path) -> tuple[str, str, str]:
-    """(chat template, BOS text, EOS text) from a GGUF file's metadata."""
-    if not path.exists():
-        pytest.skip(f"model file {path} is not downloaded")
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-
-    def string(key: str) -> str:
-        field = reader.fields[key]
-        return bytes(field.parts[field.data[0]]).decode()
-
-    def token(key: str) -> str:
-        field = reader.fields[key]
-        token_id = int(field.parts[field.data[0]][0])
-        tokens = reader.fields["tokenizer.ggml.tokens"]
-        return bytes(tokens.parts[tokens.data[token_id]]).decode()
-
-    return (
-        string("tokenizer.chat_template"),
-        token("tokenizer.ggml.bos_token_id"),
-        token("tokenizer.ggml.eos_token_id"),
-    )
+def model_template(model) -> tuple[str, str, str]:
+    """(chat template, BOS text, EOS text) of a loaded real model."""
+    tok = model.tokenizer
+    return model.file.metadata["tokenizer.chat_template"], tok.token_text(tok.bos_id), tok.token_text(tok.eos_id)
 
 
 @pytest.fixture(scope="module")
-def smollm() -> tuple[str, str, str]:
-    return gguf_template(SMOLLM)  # ~4 s to open: once per module
+def smollm(smollm2_model) -> tuple[str, str, str]:
+    return model_template(smollm2_model)
 
 
 @pytest.fixture(scope="module")
-def qwen() -> tuple[str, str, str]:
-    return gguf_template(QWEN)  # ~12 s to open: once per module
+def qwen(qwen_model) -> tuple[str, str, str]:
+    return model_template(qwen_model)
 
 
 def chatml(messages: list[Message], add_generation_prompt: bool = True) -> str:
