@@ -62,9 +62,7 @@ class ChatSession:
         """Replaced (never mutated) from any thread; read before every sampled token."""
         self.stop_strings = tuple(s for s in stop if s)
         self._cancel = threading.Event()
-        self._dropped = (
-            0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
-        )
+        self._dropped = 0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
         self._dropped_now = False
         self._warned: set[str] = set()
         self.stop_ids = set(tok.eot_ids)
@@ -145,9 +143,7 @@ class ChatSession:
         settings = self.settings
         valid = settings.validated()[0]
         reused = common_prefix(self.session.tokens, prompt)
-        reused = min(
-            reused, len(prompt) - 1
-        )  # the last prompt token is always run: its logits start the reply
+        reused = min(reused, len(prompt) - 1)  # the last prompt token is always run: its logits start the reply
         self.session.truncate(reused)
         t0 = time.perf_counter()
         logits = self.session.eval(prompt[reused:])

@@ -51,9 +51,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
-def rope_tables(
-    cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32."""
     half = cfg.rope_dim // 2
     inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
@@ -283,9 +281,7 @@ class Session:
         """Append ids to the cache; return float32 (n_vocab,) logits for the last one."""
         arr = self.model._check_ids(ids)
         if self.n_past + len(arr) > self.n_ctx:
-            raise ContextFullError(
-                f"{self.n_past} cached + {len(arr)} new tokens exceed the context of {self.n_ctx}"
-            )
+            raise ContextFullError(f"{self.n_past} cached + {len(arr)} new tokens exceed the context of {self.n_ctx}")
         logits = None
         for i in range(0, len(arr), PREFILL_CHUNK):
             chunk = arr[i : i + PREFILL_CHUNK]
