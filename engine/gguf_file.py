@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 
+from . import header_cache
 from .errors import ModelFileError
 
 
@@ -65,6 +66,10 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r})")
+    cached = header_cache.load(path)
+    if cached is not None:
+        metadata, entries = cached
+        return GGUFFile(path, metadata, {name: TensorEntry(name, t, shape, data) for name, t, shape, data in entries})
     try:
         reader = GGUFReader(path, "r")
         metadata = {name: _field_value(field) for name, field in reader.fields.items()}
@@ -80,4 +85,9 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
         raise ModelFileError(f"{path}: header declares sizes too large to be real") from None
     except (ValueError, KeyError, IndexError, TypeError, OverflowError, UnicodeDecodeError, OSError) as e:
         raise ModelFileError(f"{path}: malformed GGUF ({type(e).__name__}: {e})") from None
+    table = [
+        (t.name, int(t.tensor_type), [int(n) for n in t.shape], int(t.data_offset), int(t.n_bytes))
+        for t in reader.tensors
+    ]
+    header_cache.store(path, int(reader.data_offset), metadata, table)
     return GGUFFile(path, metadata, tensors)
