@@ -10,7 +10,7 @@ from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
 from .gguf_file import open_gguf
 from .model import Model
-from .runtime import configure_threads
+from .runtime import configure_threads, kernels_compiled
 from .weights import bind_weights
 
 # Upper bound on the KV cache we agree to allocate, as a share of physical memory.
@@ -65,7 +65,10 @@ def load_model(
     weights = bind_weights(file, cfg)
     model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
     model.warnings = warnings
-    say("preparing kernels (compiled on first start, cached after)")
+    if kernels_compiled():
+        say("loading kernels")
+    else:
+        say("compiling kernels: first start only, about a minute")
     model.logits([0])  # the one-token (matvec) path
     model.logits([0, 0])  # the prompt (tiled matmul) path
     model.load_s = time.perf_counter() - t0

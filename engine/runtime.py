@@ -6,14 +6,44 @@ and a token makes hundreds of launches, so OpenMP is preferred whenever it loads
 
 from __future__ import annotations
 
+import hashlib
 import os
+from pathlib import Path
 
-# Must be in the environment before numba is first imported anywhere in the process.
+
+def _kernel_cache_dir() -> Path:
+    """Numba's on-disk cache, in a folder named after a hash of every kernel source file.
+
+    Numba keys a cached function on its own file's timestamp only, so an edit to an inlined helper in another
+    module would leave a stale kernel in use. A new hash of the sources means a new, empty folder.
+    """
+    h = hashlib.sha256()
+    for source in sorted((Path(__file__).parent / "kernels").glob("*.py")):
+        h.update(source.name.encode())
+        h.update(source.read_bytes())
+    base = os.environ.get("CHATAPP_CACHE_DIR")
+    if not base:
+        import platformdirs
+
+        base = platformdirs.user_cache_dir("chatapp")
+    return Path(base) / "numba" / h.hexdigest()[:16]
+
+
+# Both must be in the environment before numba is first imported anywhere in the process.
 os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
+KERNEL_CACHE_DIR = _kernel_cache_dir()
+os.environ["NUMBA_CACHE_DIR"] = str(KERNEL_CACHE_DIR)
 
 import numba  # noqa: E402
 
 from .errors import SettingsError  # noqa: E402
+
+numba.config.CACHE_DIR = str(KERNEL_CACHE_DIR)  # in case numba was imported before us
+
+
+def kernels_compiled() -> bool:
+    """Whether the kernel cache already holds compiled code (a start without compiling)."""
+    return KERNEL_CACHE_DIR.is_dir() and any(KERNEL_CACHE_DIR.rglob("*.nbc"))
 
 
 def configure_threads(threads: int | None) -> int:
