@@ -1,0 +1,142 @@
+"""Our engine against llama.cpp (llama-cpp-python) on the same GGUF file and threads, alternating, in one run.
+
+    python benchmarks/compare_llama_cpp.py -m smollm2-135m-instruct -m qwen2.5-coder-0.5b-instruct \
+        --llama-python /path/to/venv-with-llama-cpp-python/bin/python
+
+Each measurement runs in a fresh subprocess (so load time and peak RSS are its own): load, prefill a
+256-token prompt, decode 128 greedy tokens. The engines alternate for --rounds rounds; the table reports
+medians and the ratios ours / llama.cpp. llama-cpp-python is never a project dependency: point
+--llama-python at an interpreter that has it (built with CMAKE_ARGS="-DGGML_NATIVE=ON").
+Also measured for our engine: a follow-up turn after 600 cached tokens against the same new tokens in a
+fresh session, and the start-up time with warm caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+WORKER = r"""
+import json, resource, sys, time
+import numpy as np
+engine_name, path = sys.argv[1], sys.argv[2]
+n_prompt, n_gen, threads = (int(a) for a in sys.argv[3:6])
+rng = np.random.default_rng(0)
+t0 = time.perf_counter()
+if engine_name == "ours":
+    from engine import load_model
+    model = load_model(path, n_ctx=n_prompt + n_gen + 8, threads=threads)
+    prompt = rng.integers(100, model.n_vocab - 100, n_prompt).tolist()
+    session = model.session()
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter(); logits = session.eval(prompt); prefill_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    for _ in range(n_gen):
+        logits = session.eval([int(np.argmax(logits))])
+    decode_s = time.perf_counter() - t2
+else:
+    from llama_cpp import Llama
+    llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)
+    prompt = rng.integers(100, llm.n_vocab() - 100, n_prompt).tolist()
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter(); llm.eval(prompt); prefill_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    for _ in range(n_gen):
+        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    decode_s = time.perf_counter() - t2
+print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+FOLLOW_UP = r"""
+import json, sys, time
+import numpy as np
+from engine import load_model
+path, threads = sys.argv[1], int(sys.argv[2])
+model = load_model(path, n_ctx=1024, threads=threads)
+rng = np.random.default_rng(1)
+history = rng.integers(100, model.n_vocab - 100, 600).tolist()
+new = rng.integers(100, model.n_vocab - 100, 40).tolist()
+def timed(session, ids):
+    t = time.perf_counter(); session.eval(ids); return time.perf_counter() - t
+after, fresh = [], []
+for _ in range(3):
+    s = model.session(); s.eval(history); after.append(timed(s, new))
+    fresh.append(timed(model.session(), new))
+print(json.dumps({"after_600_s": min(after), "fresh_s": min(fresh)}))
+"""
+
+START = r"""
+import time; t0 = time.perf_counter()
+from engine import load_model
+m = load_model(__import__("sys").argv[1], n_ctx=2048)
+print(time.perf_counter() - t0)
+"""
+
+
+def run_worker(python: str, code: str, *args: str) -> dict:
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, cwd=repo, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", action="append", required=True, help="catalog name or .gguf path")
+    ap.add_argument("--llama-python", help="an interpreter with llama-cpp-python installed")
+    ap.add_argument("-p", "--n-prompt", type=int, default=256)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    from chatapp.catalog import resolve_model
+
+    rows = []
+    for spec in args.model:
+        path = str(resolve_model(spec))
+        results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
+        common = (path, str(args.n_prompt), str(args.n_gen), str(args.threads))
+        run_worker(sys.executable, WORKER, "ours", *common)  # compile / warm the caches once
+        for _ in range(args.rounds):
+            results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
+            if args.llama_python:
+                results["llama.cpp"].append(run_worker(args.llama_python, WORKER, "llama", *common))
+        med = {
+            eng: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for eng, runs in results.items() if runs
+        }
+        follow = run_worker(sys.executable, FOLLOW_UP, path, str(args.threads))
+        start = float(subprocess.run([sys.executable, "-c", START, path], capture_output=True, text=True).stdout)
+        rows.append((spec, med, follow, start))
+
+    print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds\n")
+    print("| model | engine | prefill tok/s | decode tok/s | load s | peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for spec, med, _, _ in rows:
+        for eng, m in med.items():
+            print(
+                f"| {spec} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {m['load_s']:.2f} "
+                f"| {m['peak_rss_mb']:.0f} |"
+            )
+        if "llama.cpp" in med:
+            o, ref = med["ours"], med["llama.cpp"]
+            print(
+                f"| {spec} | **ratio** | {o['prefill_tok_s'] / ref['prefill_tok_s']:.2f}× "
+                f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
+            )
+    print()
+    for spec, _, follow, start in rows:
+        ratio = follow["after_600_s"] / follow["fresh_s"]
+        print(f"{spec}: 40 new tokens after 600 cached cost {ratio:.2f}× a fresh session; warm start {start:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
