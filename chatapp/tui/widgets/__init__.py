@@ -1,0 +1,1 @@
+"""The app's widgets and screens, one concern per module."""

@@ -1,0 +1,73 @@
+"""The status line: the model and what it is doing, and the live numbers of the reply in progress."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.widgets import Static
+
+from chatapp.tui.state import LiveMetrics, fmt_ms, fmt_rate
+from engine.events import TurnStats
+
+STATE_STYLES = {
+    "loading": ("◌", "$warning"),
+    "ready": ("●", "$success"),
+    "generating": ("●", "$accent"),
+    "stopping": ("●", "$warning"),
+    "failed": ("✕", "$error"),
+}
+
+
+class StatusBar(Horizontal):
+    """One line under the input. `set_state` for the left side; `show_live` / `show_stats` for the right."""
+
+    def __init__(self, model_name: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.model_name = model_name
+        self.n_ctx: int | None = None
+        self._last: TurnStats | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="status-left", markup=False)
+        yield Static("", id="status-right", markup=False)
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        """`state`: loading | ready | generating | stopping | failed; `detail`: e.g. a progress line."""
+        dot, style = STATE_STYLES.get(state, ("●", "$text-muted"))
+        self.set_classes(f"-{state}")
+        parts = [(f"{dot} {state}  ", style), (self.model_name, "bold")]
+        if detail:
+            parts += [("  ", ""), (detail, "$text-muted")]
+        self.query_one("#status-left", Static).update(Content.assemble(*parts))
+
+    def _ctx(self) -> str:
+        if self._last is not None:
+            return f"ctx {self._last.n_ctx_used:,}/{self._last.n_ctx:,}"
+        return f"ctx 0/{self.n_ctx:,}" if self.n_ctx else ""
+
+    def _right(self, fields: list[str]) -> None:
+        text = " │ ".join(f for f in fields if f)
+        self.query_one("#status-right", Static).update(Content(text))
+
+    def show_live(self, metrics: LiveMetrics) -> None:
+        """While generating: speed from the token timings, tokens so far, time to first token."""
+        ttft = f"TTFT {fmt_ms(metrics.ttft_ms)}" if metrics.ttft_ms is not None else "waiting for first token"
+        rate = f"{fmt_rate(metrics.tok_s)} tok/s" if metrics.tok_s else ""
+        self._right([rate, f"{metrics.tokens} tokens", ttft, self._ctx()])
+
+    def show_stats(self, stats: TurnStats | None) -> None:
+        """After a reply: its final numbers, context use and how much of the prompt came from the cache."""
+        self._last = stats
+        if stats is None:
+            self._right([self._ctx()])
+            return
+        self._right(
+            [
+                f"{fmt_rate(stats.decode_tok_s)} tok/s",
+                f"{stats.generated_tokens} tokens",
+                f"TTFT {fmt_ms(stats.ttft_ms)}",
+                self._ctx(),
+                f"cache {stats.reused_tokens:,}/{stats.prompt_tokens:,} reused",
+            ]
+        )
