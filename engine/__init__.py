@@ -5,12 +5,32 @@
     model.logits(ids)           # (len(ids), n_vocab), fresh context
     session = model.session()   # owns a KV cache of n_ctx positions
     session.eval(ids)           # (n_vocab,) logits of the last id
+
+The heavy parts (Numba, the kernels, the model) load on first use, so `engine.events` and `engine.sampling`
+stay cheap to import for the app.
 """
 
-from . import runtime  # noqa: F401  (selects Numba's threading layer before any kernel is imported)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import runtime  # noqa: F401  (sets Numba's threading layer and cache dir before Numba is imported)
 from .errors import EngineError, ModelFileError, SettingsError, UnsupportedModelError
-from .loader import load_model
-from .model import ContextFullError, Model, Session
+
+if TYPE_CHECKING:
+    from .loader import load_model
+    from .model import ContextFullError, Model, Session
+
+_LAZY = {"load_model": "loader", "ContextFullError": "model", "Model": "model", "Session": "model"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+
 
 __all__ = [
     "ContextFullError",

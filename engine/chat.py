@@ -190,7 +190,7 @@ class ChatSession:
                 forward_ms=forward_ms,
                 sample_ms=sample_ms,
                 prob=res.prob,
-                top=tuple(Alternative(i, self.model.tokenizer.token_text(i), p) for i, p in res.top),
+                top=tuple(Alternative(i, self.model.detokenize([i]), p) for i, p in res.top),
                 index=len(generated) - 1,
             )
             if cut is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 
@@ -34,11 +35,10 @@ os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
 KERNEL_CACHE_DIR = _kernel_cache_dir()
 os.environ["NUMBA_CACHE_DIR"] = str(KERNEL_CACHE_DIR)
 
-import numba  # noqa: E402
-
 from .errors import SettingsError  # noqa: E402
 
-numba.config.CACHE_DIR = str(KERNEL_CACHE_DIR)  # in case numba was imported before us
+if "numba" in sys.modules:  # imported before us: its config has been read already
+    sys.modules["numba"].config.CACHE_DIR = str(KERNEL_CACHE_DIR)
 
 
 def kernels_compiled() -> bool:
@@ -48,6 +48,8 @@ def kernels_compiled() -> bool:
 
 def configure_threads(threads: int | None) -> int:
     """Use `threads` cores for the kernels (None or 0: all of them). Returns the number in force."""
+    import numba
+
     available = numba.config.NUMBA_NUM_THREADS
     if threads is None or threads == 0:
         n = available
@@ -61,6 +63,8 @@ def configure_threads(threads: int | None) -> int:
 
 def threading_layer() -> str:
     """The layer Numba chose (only known after the first parallel launch)."""
+    import numba
+
     try:
         return numba.threading_layer()
     except ValueError:
