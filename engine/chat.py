@@ -55,8 +55,8 @@ class ChatSession:
         meta = model.file.metadata
         self.template = ChatTemplate.from_metadata(
             meta.get("tokenizer.chat_template"),
-            bos_token=tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
-            eos_token=tok.token_text(tok.eos_id) if tok.eos_id is not None else "",
+            bos_token=tok.detokenize([tok.bos_id]) if tok.bos_id is not None else "",
+            eos_token=tok.detokenize([tok.eos_id]) if tok.eos_id is not None else "",
         )
         self.settings = settings or SamplingSettings()
         """Replaced (never mutated) from any thread; read before every sampled token."""

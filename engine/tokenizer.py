@@ -11,15 +11,18 @@ Both kinds first cut special tokens out of the text the way llama.cpp's `tokeniz
 (longest token text first). `special=False` means what it means in llama.cpp: control tokens are then plain
 text, while user-defined tokens (Qwen's `<tool_call>`) are still matched.
 
-Known departures from llama.cpp, all on the text side: `detokenize` does not apply llama.cpp's
-`clean_spaces` pass (it would break `detokenize(tokenize(s)) == s`), and a normal BPE token holding a
-character outside the byte alphabet renders as that character's UTF-8 instead of "[UNK_BYTE_0x..]".
+Known departures from llama.cpp: `detokenize` does not apply llama.cpp's `clean_spaces` pass (GPT-2 and
+Llama 3 vocabularies; it would break `detokenize(tokenize(s)) == s`); a normal BPE token holding a character
+outside the byte alphabet renders as that character's UTF-8 instead of "[UNK_BYTE_0x..]"; and a code point
+that Oniguruma's Unicode tables class differently from llama.cpp's (letters added in Unicode 16, say) can be
+pre-tokenized differently.
 """
 
 from __future__ import annotations
 
 import heapq
 import operator
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,14 +47,15 @@ TOKEN_BYTE = 6
 
 _KEY = "tokenizer.ggml."
 _SPM_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
-_C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around lstrip/rstrip special tokens
+_C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips after an rstrip special token
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 # --- byte-level alphabet (GPT-2) -------------------------------------------------------------------------
 
 
 def _byte_to_char() -> tuple[str, ...]:
-    """GPT-2's byte -> char map: printable Latin-1 bytes stand for themselves, the other 68 move to U+0100+."""
+    """GPT-2's byte -> char map: printable Latin-1 bytes stand for themselves, the other 68 move to U+0100."""
     printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     chars, shifted = [], 0
     for b in range(256):
@@ -93,24 +97,16 @@ _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _QWEN35 = (
-    _CONTRACTIONS
-    + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_SEED_CODER = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_SEED_CODER = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
 _BAILINGMOE = (
     r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
 )
 _UPPER_THEN_LOWER = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
 _UPPER_ONLY = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-_TEKKEN = (
-    _UPPER_THEN_LOWER
-    + "|"
-    + _UPPER_ONLY
-    + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_TEKKEN = _UPPER_THEN_LOWER + "|" + _UPPER_ONLY + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _GPT4O = (
     _UPPER_THEN_LOWER
     + _CONTRACTIONS
@@ -119,7 +115,13 @@ _GPT4O = (
     + _CONTRACTIONS
     + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_CJK_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# llama.cpp runs regexes without \p{..} through std::wregex after turning every non-ASCII whitespace char of
+# the text into "\v", so a literal class never matches U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
+# U+205F or U+3000. DeepSeek's classes below have those gaps cut out to match; the \s in them still does.
+_CJK_HANGUL = (  # llama.cpp: [\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+ less whitespace
+    "[\u4e00-\u9fa5\u0800-\u167f\u1681-\u1fff\u200b-\u2027\u202a-\u202e\u2030-\u205e\u2060-\u2fff"
+    "\u3001-\u4e00\uac00-\ud7ff]+"
+)
 _CJK_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
 _DEEPSEEK3 = (
     r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
@@ -171,7 +173,7 @@ _register(
     "deepseek-llm",
     "[\r\n]",
     r"\s?" + _DEEPSEEK_LETTERS + "+",
-    r"\s?[!-/:-~" + "\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    r"\s?[!-/:-~" + "\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3001-\u3002]+",  # [　-。] less U+3000
     r"\s+$",
     _CJK_HANGUL,
     r"\p{N}+",
@@ -244,6 +246,7 @@ class Tokenizer:
         add_space_prefix: bool,
         rstrip_ids: frozenset[int] = frozenset(),
         hf: HFTokenizer | None = None,
+        barrier_id: int | None = None,
         scores: list[float] | None = None,
         warnings: tuple[str, ...] = (),
     ) -> None:
@@ -260,13 +263,15 @@ class Tokenizer:
         self._types = types  # one byte per token: its TOKEN_* type
         self._vocab = vocab  # token text -> id
         self._hf = hf  # byte-level BPE only
+        self._barrier_id = barrier_id  # HF's stand-in for a byte the vocabulary lacks; never returned
         self._scores = scores  # SentencePiece only
         self._spm = model == "llama"
         # SentencePiece puts a space before the text; detokenize takes it off the first token again.
         self._add_space_prefix = add_space_prefix and self._spm
         self._pieces: list[bytes | None] = [None] * len(texts)  # token bytes, filled on first use
         # llama.cpp's special-token cache: ids matched verbatim in the text, longest text (in bytes) first.
-        specials = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)]
+        kinds = np.frombuffer(types, dtype=np.uint8)
+        specials = np.flatnonzero(np.isin(kinds, (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN))).tolist()
         specials.sort(key=lambda i: (-len(texts[i].encode()), i))
         self._specials = [(i, texts[i], i in rstrip_ids) for i in specials]
         self._user_defined = [s for s in self._specials if types[s[0]] == TOKEN_USER_DEFINED]
@@ -323,14 +328,15 @@ class Tokenizer:
                     "so some prompts may tokenize differently from llama.cpp"
                 )
                 pre_name, pre = "gpt-2", _PRE_TOKENIZERS["gpt-2"]
-            hf = _build_bpe(meta, vocab, pre, warnings)
+            hf, barrier_id = _build_bpe(meta, vocab, pre, warnings)
             add_bos_default, scores = pre.add_bos, None
         else:
-            pre_name, hf, add_bos_default = None, None, True
+            pre_name, hf, barrier_id, add_bos_default = None, None, None, True
             scores = _read_scores(meta, n)
             if "phi-3" in general_name or "phi3" in general_name:
                 # llama.cpp strips the whitespace after Phi-3's special tokens (HF's rstrip=True).
-                rstrip = {i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)}
+                special = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
+                rstrip = {i for i, t in enumerate(types) if t in special}
                 rstrip |= {vocab[t] for t in ("</s>",) if t in vocab}
                 rstrip -= {vocab[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in vocab}
                 rstrip_ids = frozenset(rstrip)
@@ -351,6 +357,7 @@ class Tokenizer:
             add_space_prefix=bool(meta.get(_KEY + "add_space_prefix", True)),
             rstrip_ids=rstrip_ids,
             hf=hf,
+            barrier_id=barrier_id,
             scores=scores,
             warnings=tuple(warnings),
         )
@@ -365,6 +372,10 @@ class Tokenizer:
         """
         if not text:
             return []
+        try:
+            text.encode()
+        except UnicodeEncodeError:  # lone surrogates (e.g. undecodable terminal input) are not text
+            text = _SURROGATES.sub("\ufffd", text)
         pieces = self._split_special(text, self._specials if special else self._user_defined)
         out: list[int] = []
         if self._spm:
@@ -381,14 +392,17 @@ class Tokenizer:
             return out
         assert self._hf is not None
         if len(pieces) == 1 and isinstance(pieces[0], str):
-            return self._hf.encode(pieces[0], add_special_tokens=False).ids
-        chunks = [p for p in pieces if isinstance(p, str)]
-        encoded = iter(self._hf.encode_batch_fast(chunks, add_special_tokens=False))
-        for piece in pieces:
-            if isinstance(piece, int):
-                out.append(piece)
-            else:
-                out.extend(next(encoded).ids)
+            out = self._hf.encode(pieces[0], add_special_tokens=False).ids
+        else:
+            chunks = [p for p in pieces if isinstance(p, str)]
+            encoded = iter(self._hf.encode_batch_fast(chunks, add_special_tokens=False))
+            for piece in pieces:
+                if isinstance(piece, int):
+                    out.append(piece)
+                else:
+                    out.extend(next(encoded).ids)
+        if self._barrier_id is not None:
+            out = [i for i in out if i != self._barrier_id]
         return out
 
     def _split_special(self, text: str, specials: list[tuple[int, str, bool]]) -> list[str | int]:
@@ -535,8 +549,11 @@ class Tokenizer:
         text, kind = self._texts[token_id], self._types[token_id]
         if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
             return text.encode()
-        if kind == TOKEN_BYTE:
-            return bytes([int(text[3:5], 16)])  # "<0xNN>"
+        if kind == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            try:
+                return bytes([int(text[3:5], 16)])  # "<0xNN>"
+            except ValueError:
+                return text.encode()  # a byte token not spelled <0xNN>: show what it says
         if kind != TOKEN_NORMAL:
             return b""  # unused / undefined tokens render as nothing in llama.cpp
         if self._spm:
@@ -544,9 +561,7 @@ class Tokenizer:
         try:
             return text.translate(_ALPHABET_TO_LATIN1).encode("latin-1")
         except UnicodeEncodeError:  # a char outside the byte alphabet: keep it as its own UTF-8
-            return b"".join(
-                bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode() for c in text
-            )
+            return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode() for c in text)
 
     def __repr__(self) -> str:
         kind = f"{self.model}/{self.pre}" if self.pre else self.model
@@ -701,7 +716,10 @@ def _end_of_generation(
     return bytes(fixed), frozenset(eog)
 
 
-def _build_bpe(meta: Mapping[str, Any], vocab: dict[str, int], pre: _Pre, warnings: list[str]) -> HFTokenizer:
+def _build_bpe(
+    meta: Mapping[str, Any], vocab: dict[str, int], pre: _Pre, warnings: list[str]
+) -> tuple[HFTokenizer, int | None]:
+    """The HF tokenizer for a byte-level BPE vocabulary, and the id of its barrier token (see below)."""
     key = _KEY + "merges"
     merges = meta.get(key)
     if merges is None or isinstance(merges, str):
@@ -718,16 +736,30 @@ def _build_bpe(meta: Mapping[str, Any], vocab: dict[str, int], pre: _Pre, warnin
             at = merge.find(" ", 1)
             if at > 0:
                 pairs.append((merge[:at], merge[at + 1 :]))
+    # A byte the vocabulary lacks (Falcon has no "\v") stays in llama.cpp as a symbol that nothing merges
+    # with, and is dropped at the end; HF drops it first, and its neighbours then merge. Mapping such bytes
+    # to a stand-in unknown token, outside the vocabulary and removed by tokenize(), keeps the barrier.
+    barrier: str | None = None
+    barrier_id: int | None = None
+    if any(c not in vocab for c in _BYTE_TO_CHAR):
+        barrier, barrier_id = "<missing byte>", len(vocab)
+        while barrier in vocab:
+            barrier += "\uffff"
+        vocab[barrier] = barrier_id  # taken out again below: BPE keeps its own copy
     try:
-        model = BPE(vocab, pairs, ignore_merges=pre.ignore_merges)
-    except Exception:  # a merge naming a token the vocabulary lacks; llama.cpp tolerates those
-        kept = [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
-        warnings.append(f"{key}: dropped {len(pairs) - len(kept)} merge(s) naming tokens not in the vocabulary")
         try:
-            model = BPE(vocab, kept, ignore_merges=pre.ignore_merges)
-        except Exception as err:
-            raise ModelFileError(f"{key}: cannot build the BPE model: {err}") from None
+            model = BPE(vocab, pairs, unk_token=barrier, ignore_merges=pre.ignore_merges)
+        except Exception:  # a merge naming a token the vocabulary lacks; llama.cpp tolerates those
+            kept = [(a, b) for a, b in pairs if a in vocab and b in vocab and a + b in vocab]
+            warnings.append(f"{key}: dropped {len(pairs) - len(kept)} merge(s) naming tokens not in the vocabulary")
+            try:
+                model = BPE(vocab, kept, unk_token=barrier, ignore_merges=pre.ignore_merges)
+            except Exception as err:
+                raise ModelFileError(f"{key}: cannot build the BPE model: {err}") from None
+    finally:
+        if barrier is not None:
+            del vocab[barrier]
     hf = HFTokenizer(model)
     splits = [Split(Regex(regex), behavior="isolated") for regex in pre.regexes]
     hf.pre_tokenizer = PreTokenizerSequence([*splits, ByteLevel(add_prefix_space=False, use_regex=False)])
-    return hf
+    return hf, barrier_id
