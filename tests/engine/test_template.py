@@ -33,7 +33,7 @@ WITHOUT_SYSTEM = CHATML.split("<|im_end|>\n", 1)[1]  # the same conversation, sy
 def model_template(model) -> tuple[str, str, str]:
     """(chat template, BOS text, EOS text) of a loaded real model."""
     tok = model.tokenizer
-    return model.file.metadata["tokenizer.chat_template"], tok.token_text(tok.bos_id), tok.token_text(tok.eos_id)
+    return model.file.metadata["tokenizer.chat_template"], tok.detokenize([tok.bos_id]), tok.detokenize([tok.eos_id])
 
 
 @pytest.fixture(scope="module")
