@@ -42,6 +42,11 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     return xc * (1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)) * w + b
 
 
+def half_round(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest float16 value, kept as float32."""
+    return x.astype(np.float16).astype(np.float32)
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -218,9 +223,11 @@ class Model:
                 cos, sin = self._cos[start:end], self._sin[start:end]
                 q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
                 k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
-            cache.k[li, :, start:end] = k.transpose(1, 0, 2)
-            cache.v[li, :, start:end] = v.transpose(1, 0, 2)
-            a = attention(q, cache.k[li, :, :end], cache.v[li, :, :end], start)  # (t, n_head·hd)
+            # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
+            # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
+            cache.k[li, :, start:end] = half_round(k).transpose(1, 0, 2)
+            cache.v[li, :, start:end] = half_round(v).transpose(1, 0, 2)
+            a = attention(half_round(q), cache.k[li, :, :end], cache.v[li, :, :end], start)  # (t, n_head·hd)
             x += self._bias(matmul(lw.wo, a), lw.bo)
             h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
             if lw.w_gate is not None:
