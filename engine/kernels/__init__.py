@@ -2,17 +2,32 @@
 
 It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `WeightMatrix` -- so that another
 backend (CuPy) can provide the same four functions and run the same forward pass.
+
+Products of the common quantized types (PACKED_TYPES) run on a repacked copy of the weight (packed.py, with
+the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
+which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
+`matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
+Other types keep the per-row float kernels of cpu.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from . import cpu
-from .blocks import F16_TABLE
+# OpenMP threads that spin while idle (libgomp's default) take the CPU from the thread with work whenever the
+# machine is busy: measured here with other processes running, SmolLM2 decoded at 2.5 tok/s on 2 threads by
+# default and 25.8 with passive waiting (1 thread: 26.5). Read when libgomp loads, at the first parallel launch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import cpu, packed, pages  # noqa: E402
+from .blocks import F16_TABLE  # noqa: E402
 
 QUANTIZED = {
     T.Q4_0: cpu.Q4_0,
@@ -28,9 +43,80 @@ QUANTIZED = {
 }
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 SUPPORTED_TYPES = frozenset(QUANTIZED) | frozenset(FLOAT_TYPES)
+# Types with a repacked decode kernel; the others keep the per-row kernels of cpu.py.
+PACKED_TYPES = frozenset(t for t, code in QUANTIZED.items() if code in packed.PACKED_CODES)
 
 # Prefill dequantizes this many float32 values of W at a time before handing the tile to BLAS.
 _TILE_VALUES = 1 << 21  # 8 MB
+# Decode products over fewer bytes than this run on the calling thread: waking the other threads (6-45 µs
+# with OpenMP on an idle machine, milliseconds on a busy one) costs more than the second core saves.
+PARALLEL_MIN_BYTES = 256 << 10
+# Weights are packed this many file bytes at a time, each slice's file pages released before the next.
+_PACK_SLICE_BYTES = 8 << 20
+
+_pack_lock = threading.Lock()
+_float_products = False  # see float_products()
+
+
+@contextmanager
+def float_products() -> Iterator[None]:
+    """Within the block, every product takes the float32 path (as `exact=True`), in all threads.
+
+    int8 activations make the logits depend discontinuously on x: the same tokens evaluated in different
+    chunks differ by float rounding upstream, which flips a few roundings to int8 and moves SmolLM2's logits by
+    up to ~2% of their spread (0.02% with float products), as llama.cpp's do. Tests of bookkeeping such as the
+    KV cache can compare chunkings tightly in here. Slow: every product dequantizes its whole weight.
+    """
+    global _float_products
+    before, _float_products = _float_products, True
+    try:
+        yield
+    finally:
+        _float_products = before
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """W regrouped for the decode kernels: q uint8 (G, nb, QB/2, ROWS, 2), s uint16 (G, nb, NS, ROWS); packed.py."""
+
+    code: int  # ggml type id
+    q: np.ndarray
+    s: np.ndarray
+    block_bytes: int  # of the file's blocks
+    copies: np.ndarray  # (k, 3) the layout's byte copies, for unpacking
+    halves: np.ndarray  # (NS,) raw offsets of the 16-bit fields (half-float scales; Q5_0's qh)
+
+    @classmethod
+    def pack(cls, code: int, rows: int, cols: int, raw: np.ndarray, release: bool = False) -> PackedWeight:
+        """raw: uint8 (rows, row_bytes) in the file's block layout.
+
+        With `release`, the file pages under raw are given back as each slice of rows is packed, so that a big
+        matrix never has both copies resident.
+        """
+        qb, copies, halves = packed.layout_tables(code)
+        block, block_bytes = cpu.BLOCK[code]
+        n_groups = -(-rows // packed.ROWS)
+        q = np.zeros((n_groups, cols // block, qb // 2, packed.ROWS, 2), dtype=np.uint8)
+        s = np.zeros((n_groups, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
+        raw = np.ascontiguousarray(raw)
+        step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice
+        for g0 in range(0, n_groups, step):
+            g1 = min(n_groups, g0 + step)
+            part = raw[g0 * packed.ROWS : g1 * packed.ROWS]
+            packed.pack(part, code, block_bytes, copies, halves, q[g0:g1], s[g0:g1])
+            if release:
+                pages.release(part)
+        return cls(code, q, s, block_bytes, copies, halves)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes + self.s.nbytes
+
+    def decode_rows(self, r0: int, out: np.ndarray) -> None:
+        """W[r0 : r0 + len(out)] -> out float32."""
+        packed.dequantize_rows(
+            self.q, self.s, self.code, self.block_bytes, self.copies, self.halves, F16_TABLE, r0, out
+        )
 
 
 @dataclass(frozen=True)
@@ -38,7 +124,8 @@ class WeightMatrix:
     """A weight W (rows, cols) kept in its file encoding.
 
     `data` is uint8 (rows, row_bytes) for block formats, float32 (rows, cols) for F32 and
-    uint16 (rows, cols) for F16/BF16 bit patterns.
+    uint16 (rows, cols) for F16/BF16 bit patterns. Types in PACKED_TYPES are repacked by `prepare()` (which
+    the first product calls); from then on `data` is no longer read and its file pages are released.
     """
 
     name: str
@@ -46,6 +133,7 @@ class WeightMatrix:
     rows: int  # output features
     cols: int  # input features
     data: np.ndarray
+    _packed: list[PackedWeight] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
     def from_raw(cls, name: str, ggml_type: T, rows: int, cols: int, raw: np.ndarray) -> WeightMatrix:
@@ -58,6 +146,20 @@ class WeightMatrix:
             data = raw.view(np.uint8).reshape(rows, -1)
         return cls(name, ggml_type, rows, cols, data)
 
+    @property
+    def packed(self) -> PackedWeight | None:
+        """The decode layout, once `prepare()` has built it."""
+        return self._packed[0] if self._packed else None
+
+    def prepare(self) -> WeightMatrix:
+        """Repack W for the decode kernels now, if its type has them; idempotent and thread-safe."""
+        if not self._packed and self.ggml_type in PACKED_TYPES:
+            with _pack_lock:
+                if not self._packed:
+                    code = QUANTIZED[self.ggml_type]
+                    self._packed.append(PackedWeight.pack(code, self.rows, self.cols, self.data, release=True))
+        return self
+
 
 def _float_rows(w: WeightMatrix, r0: int, r1: int) -> np.ndarray:
     """W[r0:r1] as float32 for the float formats."""
@@ -69,51 +171,124 @@ def _float_rows(w: WeightMatrix, r0: int, r1: int) -> np.ndarray:
     return (part.astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of a float32
 
 
-def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """W (rows, cols) @ x (cols,) -> (rows,) float32."""
-    if out is None:
-        out = np.empty(w.rows, dtype=np.float32)
+def _decode_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
+    """W[r0 : r0 + len(out)] as float32 into out; returns out (or, for F32, a view of W)."""
+    p = w.packed
+    if p is not None:
+        p.decode_rows(r0, out)
+        return out
     code = QUANTIZED.get(w.ggml_type)
     if code is not None:
-        cpu.matvec(w.data, code, F16_TABLE, np.ascontiguousarray(x, dtype=np.float32), out)
+        cpu.dequantize_rows(w.data, code, F16_TABLE, r0, out)
+        return out
+    return _float_rows(w, r0, r0 + out.shape[0])
+
+
+def _tiled_matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray) -> None:
+    """out = W @ x in float32, W decoded a tile at a time."""
+    step = max(1, min(w.rows, _TILE_VALUES // w.cols))
+    tile = np.empty((step, w.cols), dtype=np.float32)
+    for r0 in range(0, w.rows, step):
+        r1 = min(w.rows, r0 + step)
+        np.matmul(_decode_rows(w, r0, tile[: r1 - r0]), x, out=out[r0:r1])
+
+
+def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exact: bool | None = None) -> np.ndarray:
+    """W (rows, cols) @ x (cols,) -> (rows,) float32.
+
+    Repacked types compute W @ x̂, x̂ = x quantized to int8 per 32 values (llama.cpp's q8_0); `exact=True`
+    uses x itself, in float32 (slow: for reference checks). None: as `float_products()` says.
+    """
+    if exact is None:
+        exact = _float_products
+    if out is None:
+        out = np.empty(w.rows, dtype=np.float32)
+    elif out.dtype != np.float32 or not out.flags.c_contiguous:  # the kernels are compiled for these only
+        out[...] = matvec(w, x, exact=exact)
+        return out
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    p = w._packed[0] if w._packed else w.prepare().packed
+    if p is not None:
+        if exact:
+            _tiled_matvec(w, x, out)
+        elif p.nbytes < PARALLEL_MIN_BYTES:
+            packed.matvec_serial(p.q, p.s, p.code, x, out)
+        else:
+            packed.matvec(p.q, p.s, p.code, x, out)
+        return out
+    code = QUANTIZED.get(w.ggml_type)
+    if code is not None:
+        cpu.matvec(w.data, code, F16_TABLE, x, out)
     elif w.ggml_type == T.F32:
         np.matmul(w.data, x, out=out)
     else:
-        step = max(1, _TILE_VALUES // w.cols)
-        for r0 in range(0, w.rows, step):
-            r1 = min(w.rows, r0 + step)
-            np.matmul(_float_rows(w, r0, r1), x, out=out[r0:r1])
+        _tiled_matvec(w, x, out)
     return out
 
 
-def matmul(w: WeightMatrix, xs: np.ndarray) -> np.ndarray:
-    """xs (t, cols) @ W.T -> (t, rows) float32: W dequantized a tile at a time, products by BLAS."""
+def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
+    """[W @ x for W in ws] (each (rows,) float32), weights of one packed type sharing one parallel launch.
+
+    For projections of the same input: q, k, v or gate, up. Same numerics as `matvec`.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if _float_products:
+        return [matvec(w, x) for w in ws]
+    outs = [np.empty(w.rows, dtype=np.float32) for w in ws]
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(ws):
+        if w.cols != x.shape[0]:
+            raise ValueError(f"{w.name}: {w.cols} columns, x has {x.shape[0]}")
+        p = w.prepare().packed
+        if p is None:
+            matvec(w, x, outs[i])
+        else:
+            groups.setdefault(p.code, []).append(i)
+    for code, idx in groups.items():
+        ps = [ws[i].packed for i in idx]
+        if len(idx) == 1 or sum(p.nbytes for p in ps) < PARALLEL_MIN_BYTES:
+            for i in idx:
+                matvec(ws[i], x, outs[i])
+        else:
+            packed.matvec_many(tuple(p.q for p in ps), tuple(p.s for p in ps), code, x, tuple(outs[i] for i in idx))
+    return outs
+
+
+def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.ndarray:
+    """xs (t, cols) @ W.T -> (t, rows) float32.
+
+    Repacked types run the decode kernels on every row of xs, each quantized to int8 per 32 values as in
+    `matvec`; the others (and `exact=True`) dequantize W a tile at a time and multiply with BLAS.
+    """
+    if exact is None:
+        exact = _float_products
     t = xs.shape[0]
-    if t == 1:
+    if t == 1 and not exact:
         return matvec(w, xs[0])[None, :]
     out = np.empty((t, w.rows), dtype=np.float32)
     if w.ggml_type == T.F32:
         return np.matmul(xs, w.data.T, out=out)
+    p = w.prepare().packed
+    if p is not None and not exact:
+        packed.matmul(p.q, p.s, p.code, np.ascontiguousarray(xs, dtype=np.float32), out)
+        return out
     step = max(1, min(w.rows, _TILE_VALUES // w.cols))
-    code = QUANTIZED.get(w.ggml_type)
-    tile = np.empty((step, w.cols), dtype=np.float32) if code is not None else None
+    tile = np.empty((step, w.cols), dtype=np.float32)
     for r0 in range(0, w.rows, step):
         r1 = min(w.rows, r0 + step)
-        if code is not None:
-            cpu.dequantize_rows(w.data, code, F16_TABLE, r0, tile[: r1 - r0])
-            rows = tile[: r1 - r0]
-        else:
-            rows = _float_rows(w, r0, r1)
-        np.matmul(xs, rows.T, out=out[:, r0:r1])
+        np.matmul(xs, _decode_rows(w, r0, tile[: r1 - r0]).T, out=out[:, r0:r1])
     return out
 
 
 def embedding_rows(w: WeightMatrix, ids: np.ndarray) -> np.ndarray:
     """Rows `ids` of W, decoded: (len(ids), cols) float32. Only those rows are ever expanded."""
     out = np.empty((len(ids), w.cols), dtype=np.float32)
+    p = w.packed
     code = QUANTIZED.get(w.ggml_type)
     for i, r in enumerate(ids):
-        if code is not None:
+        if p is not None:
+            packed.dequantize_row(p.q, p.s, p.code, p.block_bytes, p.copies, p.halves, F16_TABLE, int(r), out[i])
+        elif code is not None:
             cpu.dequantize_row(w.data, code, F16_TABLE, int(r), out[i])
         else:
             out[i] = _float_rows(w, int(r), int(r) + 1)[0]
@@ -122,9 +297,6 @@ def embedding_rows(w: WeightMatrix, ids: np.ndarray) -> np.ndarray:
 
 def dequantize(w: WeightMatrix) -> np.ndarray:
     """The whole of W as float32 (rows, cols). For tests and small tensors only."""
-    code = QUANTIZED.get(w.ggml_type)
-    if code is None:
-        return np.array(_float_rows(w, 0, w.rows), dtype=np.float32)
     out = np.empty((w.rows, w.cols), dtype=np.float32)
-    cpu.dequantize_rows(w.data, code, F16_TABLE, 0, out)
-    return out
+    got = _decode_rows(w, 0, out)
+    return got if got is out else np.array(got, dtype=np.float32)

@@ -30,10 +30,7 @@ def half(row, o, f16):
 @njit(**_INL)
 def u32(row, o):
     return (
-        np.uint32(row[o])
-        | (np.uint32(row[o + 1]) << 8)
-        | (np.uint32(row[o + 2]) << 16)
-        | (np.uint32(row[o + 3]) << 24)
+        np.uint32(row[o]) | (np.uint32(row[o + 1]) << 8) | (np.uint32(row[o + 2]) << 16) | (np.uint32(row[o + 3]) << 24)
     )
 
 
@@ -347,9 +344,6 @@ def dot_q6_k(row, o, f16, x, p):
                 s2 += (((a >> 4) | (((h >> 4) & 3) << 4)) - 32) * x[base + ll + 64]
                 s3 += (((b >> 4) | (((h >> 6) & 3) << 4)) - 32) * x[base + ll + 96]
             total += (
-                i8(row[sc + s]) * s0
-                + i8(row[sc + s + 2]) * s1
-                + i8(row[sc + s + 4]) * s2
-                + i8(row[sc + s + 6]) * s3
+                i8(row[sc + s]) * s0 + i8(row[sc + s + 2]) * s1 + i8(row[sc + s + 4]) * s2 + i8(row[sc + s + 6]) * s3
             )
     return d * total

@@ -1,14 +1,34 @@
-"""Every kernel against gguf.quants.dequantize, on synthetic blocks of every type and on the real models."""
+"""Every kernel against gguf.quants.dequantize, on synthetic blocks of every type and on the real models.
+
+Decode products of the repacked types (PACKED_TYPES) quantize x to int8 per 32 values, as llama.cpp does: they
+are checked exactly against W @ x̂ (x̂ from the reference quantizer below), and against W @ x within the bound
+that rounding x implies. `matvec(..., exact=True)` is the float path and keeps the float tolerance.
+"""
 
 from __future__ import annotations
 
 import gguf
+import numba
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine.gguf_file import open_gguf
-from engine.kernels import SUPPORTED_TYPES, WeightMatrix, dequantize, embedding_rows, matmul, matvec
+from engine.kernels import (
+    PACKED_TYPES,
+    SUPPORTED_TYPES,
+    WeightMatrix,
+    dequantize,
+    embedding_rows,
+    float_products,
+    matmul,
+    matvec,
+    matvec_many,
+    packed,
+    pages,
+    simd,
+)
+from engine.kernels.blocks import F16_TABLE
 
 # Byte offsets of the half-float scale fields in each block, so synthetic blocks get finite scales.
 HALF_FIELDS = {
@@ -39,6 +59,30 @@ def oracle(qtype: T, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
     return gguf.quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32)
 
 
+def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's activation quantization (quantize_row_q8_0), in float32 like the kernels: x̂ (n,), dx (n/32,)."""
+    blocks = x.reshape(-1, 32)
+    dx = (np.abs(blocks).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.zeros_like(dx)
+    np.divide(np.float32(1), dx, out=inv, where=dx > 0)
+    xq = np.round(blocks * inv[:, None])
+    return (xq.astype(np.float64) * dx[:, None]).reshape(-1), dx
+
+
+def check_int8_matvec(w: WeightMatrix, ref: np.ndarray, x: np.ndarray, got: np.ndarray) -> None:
+    """The int8 decode path: W @ x̂ to float32 rounding, and W @ x within the activation-rounding bound.
+
+    |x - x̂| <= dx/2 elementwise (round to nearest), so |W @ x - W @ x̂| <= |W| @ (dx/2 per element).
+    """
+    ref64 = ref.astype(np.float64)
+    xhat, dx = quantize_q8(x)
+    want_q = ref64 @ xhat
+    scale = np.abs(want_q).max() + 1e-6
+    assert np.abs(got - want_q).max() / scale < 1e-5, w.name
+    bound = np.abs(ref64) @ np.repeat(dx.astype(np.float64) / 2, 32) + 1e-5 * scale
+    assert np.all(np.abs(got - ref64 @ x) <= bound), w.name
+
+
 def check_products(w: WeightMatrix, ref: np.ndarray, rng: np.random.Generator) -> None:
     x = rng.standard_normal(w.cols).astype(np.float32)
     xs = rng.standard_normal((5, w.cols)).astype(np.float32)
@@ -46,9 +90,24 @@ def check_products(w: WeightMatrix, ref: np.ndarray, rng: np.random.Generator) -
     want_m = xs.astype(np.float64) @ ref.astype(np.float64).T
     scale_v = np.abs(want_v).max() + 1e-6
     scale_m = np.abs(want_m).max() + 1e-6
-    assert np.abs(matvec(w, x) - want_v).max() / scale_v < 1e-5, w.name
-    assert np.abs(matmul(w, xs) - want_m).max() / scale_m < 1e-5, w.name
+    assert np.abs(matvec(w, x, exact=True) - want_v).max() / scale_v < 1e-5, w.name
+    assert np.abs(matmul(w, xs, exact=True) - want_m).max() / scale_m < 1e-5, w.name
     ids = np.array([0, w.rows - 1, w.rows // 2])
+    np.testing.assert_array_equal(embedding_rows(w, ids), ref[ids])
+    got = matvec(w, x)
+    got_m = matmul(w, xs)
+    if w.ggml_type in PACKED_TYPES:
+        assert w.packed is not None, w.name
+        check_int8_matvec(w, ref, x, got)
+        for i in range(len(xs)):  # prefill: every token as in decode
+            check_int8_matvec(w, ref, xs[i], got_m[i])
+            np.testing.assert_array_equal(got_m[i], matvec(w, xs[i]))
+        np.testing.assert_array_equal(matmul(w, x[None, :])[0], got)  # one token goes the decode path
+    else:
+        assert np.abs(got - want_v).max() / scale_v < 1e-5, w.name
+        assert np.abs(got_m - want_m).max() / scale_m < 1e-5, w.name
+    # once repacked, every path decodes from the packed copy: still exact
+    np.testing.assert_array_equal(dequantize(w), ref)
     np.testing.assert_array_equal(embedding_rows(w, ids), ref[ids])
 
 
@@ -107,11 +166,175 @@ def test_real_tensors_of_every_type_in_the_models(model: str, smollm2_path, qwen
             continue
         seen.add(t.ggml_type)
         cols, rows = t.shape
+        n_rows = rows
         rows = min(rows, 1024)  # a slice of the big embedding matrices is enough
-        data = t.data[:rows]
+        data = t.data.view(np.uint8).reshape(n_rows, -1)[:rows]  # (GGUFReader's views are 2-D, cached ones flat)
         w = WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, data)
         ref = oracle(t.ggml_type, data, rows, cols)
         np.testing.assert_array_equal(dequantize(w), ref)
         check_products(w, ref, rng)
     expected = {"smollm2": {T.Q4_1, T.Q8_0}, "qwen": {T.Q5_0, T.Q8_0, T.Q6_K, T.Q4_K}}[model]
     assert expected <= seen
+
+
+def test_packed_types_cover_both_models() -> None:
+    assert {T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K} <= PACKED_TYPES
+
+
+def test_half_conversion_matches_the_table_for_every_bit_pattern() -> None:
+    @numba.njit
+    def convert(hs, out):
+        for i in range(hs.shape[0]):
+            out[i] = packed.h2f(hs[i])
+
+    out = np.empty(65536, dtype=np.float32)
+    convert(np.arange(65536, dtype=np.uint16), out)
+    np.testing.assert_array_equal(out.view(np.uint32), F16_TABLE.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 63, 64, 65, 200])
+def test_packed_matvec_at_row_counts_around_the_group_size(qtype: T, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    cols = 512
+    raw = random_blocks(qtype, rows, cols, rng)
+    w = WeightMatrix.from_raw("ragged", qtype, rows, cols, raw)
+    ref = oracle(qtype, raw, rows, cols)
+    x = rng.standard_normal(cols).astype(np.float32)
+    check_int8_matvec(w, ref, x, matvec(w, x))
+    np.testing.assert_array_equal(dequantize(w), ref)
+
+
+def test_int8_path_on_zero_and_tiny_activations() -> None:
+    """All-zero blocks of x have dx = 0 and must give exact zeros, not NaNs."""
+    rng = np.random.default_rng(5)
+    raw = random_blocks(T.Q4_1, 64, 256, rng)
+    w = WeightMatrix.from_raw("zeros", T.Q4_1, 64, 256, raw)
+    ref = oracle(T.Q4_1, raw, 64, 256)
+    x = np.zeros(256, dtype=np.float32)
+    np.testing.assert_array_equal(matvec(w, x), np.zeros(64, dtype=np.float32))
+    x[37] = 1e-30
+    x[200] = -3.0
+    check_int8_matvec(w, ref, x, matvec(w, x))
+    x[100] = np.nan  # must not vanish in the rounding to int8
+    assert np.isnan(matvec(w, x)).all()
+    x[100] = np.inf
+    assert not np.isfinite(matvec(w, x)).any()
+
+
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+def test_prefill_many_tokens_equals_decode_per_token(qtype: T) -> None:
+    """matmul runs tokens 16 to a parallel item: a count that is not a multiple checks the edges."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    rows, cols = 130, 512
+    raw = random_blocks(qtype, rows, cols, rng)
+    w = WeightMatrix.from_raw("prefill", qtype, rows, cols, raw)
+    ref = oracle(qtype, raw, rows, cols)
+    xs = rng.standard_normal((37, cols)).astype(np.float32)
+    got = matmul(w, xs)
+    assert got.shape == (37, rows)
+    for i in range(len(xs)):
+        np.testing.assert_array_equal(got[i], matvec(w, xs[i]))
+    check_int8_matvec(w, ref, xs[-1], got[-1])
+
+
+def test_matvec_many_equals_separate_matvecs() -> None:
+    rng = np.random.default_rng(11)
+    cols = 512
+    specs = [(T.Q5_0, 200), (T.Q5_0, 64), (T.Q8_0, 100), (T.Q5_1, 48), (T.Q5_0, 1)]
+    ws = [
+        WeightMatrix.from_raw(f"m{i}", qt, rows, cols, random_blocks(qt, rows, cols, rng))
+        for i, (qt, rows) in enumerate(specs)
+    ]
+    x = rng.standard_normal(cols).astype(np.float32)
+    outs = matvec_many(ws, x)
+    assert [o.shape for o in outs] == [(rows,) for _, rows in specs]
+    for w, o in zip(ws, outs, strict=True):
+        np.testing.assert_array_equal(o, matvec(w, x))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not pages.is_supported(), reason="page release needs Linux madvise")
+def test_prepare_releases_the_file_pages(smollm2_path) -> None:
+    """Repacking must not keep both copies resident: the mapped file pages it read are dropped."""
+    f = open_gguf(smollm2_path)
+    t = f.tensors["token_embd.weight"]  # 49152 x 576 Q8_0, 30 MB
+    cols, rows = t.shape
+    w = WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
+    head = np.array(w.data[:3])
+    int(w.data.sum(dtype=np.uint64))  # fault every page in
+    before = _rss_bytes()
+    w.prepare()
+    after = _rss_bytes()
+    assert w.packed is not None
+    grown = after - before
+    # the packed copy (30 MB) replaced the file pages (30 MB): well under half of it may remain on top
+    assert grown < t.data.nbytes // 2, f"RSS grew by {grown} bytes for a {t.data.nbytes}-byte tensor"
+    np.testing.assert_array_equal(embedding_rows(w, np.array([0, 1, 2])), oracle(t.ggml_type, head, 3, cols))
+
+
+def test_release_never_touches_anonymous_memory() -> None:
+    a = np.arange(1 << 20, dtype=np.uint8)
+    assert not pages.release(a)
+    np.testing.assert_array_equal(a, np.arange(1 << 20, dtype=np.uint8))
+
+
+def _packed_weight(qtype: T, rows: int, cols: int, seed: int) -> tuple[WeightMatrix, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(qtype, rows, cols, rng)
+    w = WeightMatrix.from_raw("packed", qtype, rows, cols, raw).prepare()
+    return w, oracle(qtype, raw, rows, cols), rng.standard_normal(cols).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+def test_simd_kernels_match_the_reference_loops(qtype: T) -> None:
+    """simd.py's block kernels and packed.py's plain loops: the same integer sums, float32 apart at most."""
+    w, ref, x = _packed_weight(qtype, 200, 1024, int(qtype) + 200)
+    p = w.packed
+    fast = np.empty(w.rows, dtype=np.float32)
+    slow = np.empty(w.rows, dtype=np.float32)
+    packed.matvec(p.q, p.s, p.code, x, fast)
+    packed.matvec_reference(p.q, p.s, p.code, x, slow)
+    assert np.abs(fast - slow).max() <= 1e-6 * np.abs(slow).max()
+    check_int8_matvec(w, ref, x, slow)
+
+
+def test_portable_vector_code_matches_the_avx2_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AVX2 the kernels emit plain vector IR for pmaddubsw / pmaddwd: it must give the same results."""
+    monkeypatch.setattr(simd, "HAVE_AVX2", False)
+    group = numba.njit(packed.group_simd.py_func)  # compiled afresh, with the portable code
+
+    @numba.njit
+    def portable_matvec(q, s, code, x, out):
+        xq, dx, xsum = packed.quantize_x(x)
+        acc = np.empty(packed.ROWS, dtype=np.float32)
+        for g in range(q.shape[0]):
+            group(q, s, code, g, xq, dx, xsum, acc)
+            for r in range(min(packed.ROWS, out.shape[0] - g * packed.ROWS)):
+                out[g * packed.ROWS + r] = acc[r]
+
+    for qtype in sorted(PACKED_TYPES):
+        w, _, x = _packed_weight(qtype, 100, 512, int(qtype) + 300)
+        p = w.packed
+        out = np.empty(w.rows, dtype=np.float32)
+        portable_matvec(p.q, p.s, p.code, x, out)
+        np.testing.assert_array_equal(out, matvec(w, x), err_msg=qtype.name)
+
+
+def test_float_products_switch_every_product_to_the_float_path() -> None:
+    w, ref, x = _packed_weight(T.Q4_1, 100, 512, 7)
+    xs = np.random.default_rng(8).standard_normal((3, 512)).astype(np.float32)
+    want_v = ref.astype(np.float64) @ x
+    want_m = xs.astype(np.float64) @ ref.astype(np.float64).T
+    with float_products():
+        assert np.abs(matvec(w, x) - want_v).max() < 1e-5 * np.abs(want_v).max()
+        assert np.abs(matmul(w, xs) - want_m).max() < 1e-5 * np.abs(want_m).max()
+        assert np.abs(matvec_many([w, w], x)[1] - want_v).max() < 1e-5 * np.abs(want_v).max()
+    check_int8_matvec(w, ref, x, matvec(w, x))  # and back to int8 after the block
