@@ -6,8 +6,11 @@ Every error a user can cause ends as one line on stderr and exit status 2, never
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +90,12 @@ def _settings(args: argparse.Namespace):
         raise CliError(str(e)) from None
 
 
-def resolve_model_path(spec: str, say: Callable[[str], None]) -> Path:
-    """A catalog name or a path; the default catalog model is pulled on first use."""
+def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool = True) -> Path:
+    """A catalog name or a path; the default catalog model is pulled on first use.
+
+    With `console`, the pull draws a progress bar on the terminal; without (inside the TUI), progress goes
+    through `say` as text lines.
+    """
     from .catalog import ModelError, default_model_name, ensure_model, resolve_model
     from .pull import pull_with_progress
 
@@ -98,16 +105,21 @@ def resolve_model_path(spec: str, say: Callable[[str], None]) -> Path:
         if spec != default_model_name():
             raise
     say(f"first start: downloading the default model {spec}")
-    try:
+    if console:
         return pull_with_progress(spec)
-    except ModelError:
-        return ensure_model(spec)
+
+    def report(phase: str, done: int, total: int) -> None:
+        unit = "wheels" if phase == "download" else "MB"
+        scale = 1 if phase == "download" else 1e6
+        say(f"{phase}: {done / scale:.0f}/{total / scale:.0f} {unit}")
+
+    return ensure_model(spec, progress=report)
 
 
-def _load(args: argparse.Namespace, settings, say: Callable[[str], None]):
+def _load(args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True):
     from engine import load_model
 
-    path = resolve_model_path(settings.model, say)
+    path = resolve_model_path(settings.model, say, console=console)
     return load_model(path, n_ctx=settings.n_ctx, threads=settings.threads or None, progress=say)
 
 
@@ -143,22 +155,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(args.prompt, end="", flush=True)
         stream = chat.stream_completion(ids)
     stats = None
-    try:
+    with _ctrl_c_cancels(chat) as interrupted:
         for event in stream:
             if isinstance(event, TurnStats):
                 stats = event
             else:
                 print(event.text, end="", flush=True)
-    except KeyboardInterrupt:
-        chat.cancel()
-        # Finish the generator so the stats (and the cache) describe what was printed.
-        stats = next((e for e in stream if isinstance(e, TurnStats)), None)
-        print(file=sys.stdout, flush=True)
-        print_run_summary(model, stats, sys.stderr)
-        return EXIT_INTERRUPTED
     print(flush=True)
     print_run_summary(model, stats, sys.stderr)
-    return 0
+    return EXIT_INTERRUPTED if interrupted else 0
+
+
+@contextlib.contextmanager
+def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
+    """While generating, the first Ctrl+C cancels the reply (the token loop ends it with its stats); a second
+    one interrupts. A KeyboardInterrupt raised inside the generator would kill it and lose the stats.
+
+    Yields a list that is non-empty once Ctrl+C was pressed.
+    """
+    pressed: list[bool] = []
+
+    def on_sigint(_signum: int, _frame: object) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        chat.cancel()
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live on the main thread
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
@@ -203,7 +233,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     def factory(progress: Callable[[str], None]):
         from engine.chat import ChatSession
 
-        return ChatSession(_load(args, settings, progress), settings.sampling)
+        return ChatSession(_load(args, settings, progress, console=False), settings.sampling)
 
     from .paths import user_data_dir
 
