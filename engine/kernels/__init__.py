@@ -77,7 +77,7 @@ def float_products() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """W regrouped for the decode kernels: q uint8 (G, nb, QB/2, ROWS, 2), s uint16 (G, nb, NS, ROWS); packed.py."""
+    """W regrouped for the decode kernels: q uint8 (G, nb, ROWS/16, QB/2, 16, 2), s uint16 (G, nb, NS, ROWS)."""
 
     code: int  # ggml type id
     q: np.ndarray
@@ -96,7 +96,7 @@ class PackedWeight:
         qb, copies, halves = packed.layout_tables(code)
         block, block_bytes = cpu.BLOCK[code]
         n_groups = -(-rows // packed.ROWS)
-        q = np.zeros((n_groups, cols // block, qb // 2, packed.ROWS, 2), dtype=np.uint8)
+        q = np.zeros((n_groups, cols // block, packed.ROWS // packed.LANES, qb // 2, packed.LANES, 2), dtype=np.uint8)
         s = np.zeros((n_groups, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
         raw = np.ascontiguousarray(raw)
         step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice

@@ -3,13 +3,15 @@
 A GGUF row stores its blocks back to back, so a per-row dot reduces 16-32 products per block horizontally,
 which Numba compiles poorly (PERF-FACTS: ~2 GB/s). Here W (d, n) is regrouped once, at first use, into
 
-    q  uint8  (G, nb, QB/2, ROWS, 2)  quant bytes: byte k of block b of row g*ROWS + r at q[g, b, k//2, r, k%2]
-    s  uint16 (G, nb, NS, ROWS)       the block's 16-bit fields (half-float scales), rows innermost
+    q  uint8  (G, nb, ROWS/16, QB/2, 16, 2)  quant bytes: byte k of block b of row g*ROWS + 16c + l
+                                             at q[g, b, c, k//2, l, k%2] (`qbyte`)
+    s  uint16 (G, nb, NS, ROWS)              the block's 16-bit fields (half-float scales), rows innermost
 
 with G = ceil(d / ROWS) row groups (the last one zero-padded) and nb blocks per row. Rows are innermost, so a
-kernel works on 16-64 rows at once with vertical SIMD and no horizontal sums; bytes stay in pairs for
-pmaddubsw (simd.py). The packed form holds the same bytes as the file (Q4_K: +4 bytes per 144, its 6-bit
-scales unpacked), so packing does not grow memory.
+kernel works on 16 rows at once with vertical SIMD and no horizontal sums; bytes stay in pairs for pmaddubsw
+(simd.py); each 16-row chunk of a block is contiguous, so the kernels read memory in order. The packed form
+holds the same bytes as the file (Q4_K: +4 bytes per 144, its 6-bit scales unpacked), so packing does not
+grow memory.
 
 Products quantize x per 32 values to int8 first, as llama.cpp does (`quantize_row_q8_0`):
 x̂ = dx * xq with dx = max|x| / 127, xq = round(x / dx). Each block's dot is then an exact integer sum, scaled
@@ -39,6 +41,7 @@ from .blocks import i8, k4_scale_min
 from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
+LANES = simd.LANES  # rows per chunk: one register of byte pairs
 
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {
@@ -107,6 +110,12 @@ def bits(typingctx, x, shift, mask):
     return types.int32(x, shift, mask), codegen
 
 
+@njit(inline="always", cache=True, nogil=True)
+def qbyte(q, g, b, k, r):
+    """Byte k of block b of row g*ROWS + r in the packed q."""
+    return q[g, b, r // LANES, k >> 1, r % LANES, k & 1]
+
+
 # ---- activations ----------------------------------------------------------------------------------------
 
 
@@ -155,7 +164,7 @@ def group_q4_0(q, s, g, xq, dx, xsum, acc, isum):
             xa = np.int32(xq[b, j])
             xb = np.int32(xq[b, j + 16])
             for r in range(ROWS):
-                v = np.int32(q[g, b, j >> 1, r, j & 1])
+                v = np.int32(qbyte(q, g, b, j, r))
                 isum[r] += (v & 15) * xa + (v >> 4) * xb
         off = np.int32(8 * (xsum[b, 0] + xsum[b, 1]))  # the -8 of every value
         d = dx[b]
@@ -171,7 +180,7 @@ def group_q4_1(q, s, g, xq, dx, xsum, acc, isum):
             xa = np.int32(xq[b, j])
             xb = np.int32(xq[b, j + 16])
             for r in range(ROWS):
-                v = np.int32(q[g, b, j >> 1, r, j & 1])
+                v = np.int32(qbyte(q, g, b, j, r))
                 isum[r] += (v & 15) * xa + (v >> 4) * xb
         d = dx[b]
         sx = d * np.float32(xsum[b, 0] + xsum[b, 1])  # sum of x̂ over the block, for the min
@@ -188,7 +197,7 @@ def group_q5_0(q, s, g, xq, dx, xsum, acc, isum):
             xb = np.int32(xq[b, j + 16])
             k = (j >> 1) + 8 * (j & 1)
             for r in range(ROWS):
-                v = np.int32(q[g, b, j >> 1, r, j & 1])
+                v = np.int32(qbyte(q, g, b, j, r))
                 lo = (v & 15) | (bits(s[g, b, 1, r], k, 1) << 4)  # qh bit j (see qh_order)
                 hi = (v >> 4) | (bits(s[g, b, 2, r], k, 1) << 4)  # qh bit j + 16
                 isum[r] += lo * xa + hi * xb
@@ -205,7 +214,7 @@ def group_q8_0(q, s, g, xq, dx, xsum, acc, isum):
         for j in range(32):
             xv = np.int32(xq[b, j])
             for r in range(ROWS):
-                isum[r] += i8(q[g, b, j >> 1, r, j & 1]) * xv
+                isum[r] += i8(qbyte(q, g, b, j, r)) * xv
         d = dx[b]
         for r in range(ROWS):
             acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(isum[r]))
@@ -226,22 +235,24 @@ def group_q4_k(q, s, g, xq, dx, xsum, acc, isum, isum2, fd, fm):
             for ll in range(32):
                 xa = np.int32(xq[lo, ll])
                 for r in range(ROWS):
-                    isum[r] += (np.int32(q[g, b, c * 16 + (ll >> 1), r, ll & 1]) & 15) * xa
+                    isum[r] += (np.int32(qbyte(q, g, b, c * 32 + ll, r)) & 15) * xa
             isum2[:] = 0
             for ll in range(32):
                 xb = np.int32(xq[lo + 1, ll])
                 for r in range(ROWS):
-                    isum2[r] += (np.int32(q[g, b, c * 16 + (ll >> 1), r, ll & 1]) >> 4) * xb
+                    isum2[r] += (np.int32(qbyte(q, g, b, c * 32 + ll, r)) >> 4) * xb
             da = dx[lo]
             db = dx[lo + 1]
             for r in range(ROWS):
-                sc_a = np.int32(q[g, b, 64 + c, r, 0])
-                sc_b = np.int32(q[g, b, 64 + c, r, 1])
+                sc_a = np.int32(qbyte(q, g, b, 128 + 2 * c, r))
+                sc_b = np.int32(qbyte(q, g, b, 129 + 2 * c, r))
                 fd[r] += da * np.float32(np.int32(sc_a * isum[r])) + db * np.float32(np.int32(sc_b * isum2[r]))
             sa = da * np.float32(xsum[lo, 0] + xsum[lo, 1])  # the sums of x̂, for the mins
             sb = db * np.float32(xsum[lo + 1, 0] + xsum[lo + 1, 1])
             for r in range(ROWS):
-                fm[r] += np.float32(q[g, b, 68 + c, r, 0]) * sa + np.float32(q[g, b, 68 + c, r, 1]) * sb
+                fm[r] += (
+                    np.float32(qbyte(q, g, b, 136 + 2 * c, r)) * sa + np.float32(qbyte(q, g, b, 137 + 2 * c, r)) * sb
+                )
         for r in range(ROWS):
             acc[r] += h2f(s[g, b, 0, r]) * fd[r] - h2f(s[g, b, 1, r]) * fm[r]
 
@@ -254,9 +265,7 @@ def q6_k_run(q, g, b, lo, hi, shift_lo, shift_hi, xq, xb, ll0, isum):
         ll = ll0 + m
         xv = np.int32(xq[xb, ll])
         for r in range(ROWS):
-            v = bits(q[g, b, (lo + ll) >> 1, r, ll & 1], shift_lo, 15) | (
-                bits(q[g, b, (hi + ll) >> 1, r, ll & 1], shift_hi, 3) << 4
-            )
+            v = bits(qbyte(q, g, b, lo + ll, r), shift_lo, 15) | (bits(qbyte(q, g, b, hi + ll, r), shift_hi, 3) << 4)
             isum[r] += v * xv
 
 
@@ -273,7 +282,7 @@ def group_q6_k(q, s, g, xq, dx, xsum, acc, isum, fd):
                     off = np.int32(32 * xsum[xb, h])  # the -32 of every value
                     sc = 192 + n * 8 + h + 2 * k
                     for r in range(ROWS):
-                        fd[r] += d * np.float32(np.int32(i8(q[g, b, sc >> 1, r, sc & 1]) * np.int32(isum[r] - off)))
+                        fd[r] += d * np.float32(np.int32(i8(qbyte(q, g, b, sc, r)) * np.int32(isum[r] - off)))
         for r in range(ROWS):
             acc[r] += h2f(s[g, b, 0, r]) * fd[r]
 
@@ -310,7 +319,7 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s), with simd.py's block kernels."""
     acc[:] = 0
     nb = q.shape[1]
-    qstep = q.shape[2] * ROWS * 2  # bytes per block of the group
+    qstep = q.shape[2] * q.shape[3] * q.shape[4] * 2  # bytes per block of the group
     sstep = s.shape[2] * ROWS
     qf = q.reshape(-1)
     sf = s.reshape(-1)
@@ -432,23 +441,33 @@ def matvec_many(qs, ss, code, x, outs):
 
 
 @njit(inline="always", cache=True, nogil=True)
+def _even_bits(v):
+    """Bits 0, 2, ..., 14 of v packed into bits 0-7."""
+    v &= 0x5555
+    v = (v | (v >> 1)) & 0x3333
+    v = (v | (v >> 2)) & 0x0F0F
+    return (v | (v >> 4)) & 0x00FF
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _spread_bits(v):
+    """Bits 0-7 of v spread to bits 0, 2, ..., 14 (the inverse of _even_bits)."""
+    v &= 0x00FF
+    v = (v | (v << 4)) & 0x0F0F
+    v = (v | (v << 2)) & 0x3333
+    return (v | (v << 1)) & 0x5555
+
+
+@njit(inline="always", cache=True, nogil=True)
 def qh_order(h):
     """Q5_0's 16 high bits reordered for the kernels: bit 2t -> bit t, bit 2t + 1 -> bit 8 + t."""
-    out = 0
-    for t in range(8):
-        out |= ((h >> (2 * t)) & 1) << t
-        out |= ((h >> (2 * t + 1)) & 1) << (8 + t)
-    return np.uint16(out)
+    return np.uint16(_even_bits(h) | (_even_bits(h >> 1) << 8))
 
 
 @njit(inline="always", cache=True, nogil=True)
 def qh_unorder(h):
     """The inverse of qh_order."""
-    out = 0
-    for t in range(8):
-        out |= ((h >> t) & 1) << (2 * t)
-        out |= ((h >> (8 + t)) & 1) << (2 * t + 1)
-    return np.uint16(out)
+    return np.uint16(_spread_bits(h) | (_spread_bits(h >> 8) << 1))
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -456,37 +475,36 @@ def pack(raw, code, block_bytes, copies, halves, q, s):
     """raw uint8 (d, row_bytes), the file's rows -> q, s (zero-initialised by the caller).
 
     Every copied field starts at an even offset of an even-sized block, so q's byte pairs are the file's
-    16-bit words: the copy is a transpose of 16-bit words, rows becoming innermost.
+    16-bit words: the copy is a transpose of 16-bit words, read in file order, rows becoming innermost.
     """
     d = raw.shape[0]
     nb = q.shape[1]
-    raw16 = raw.view(np.uint16)
-    q16 = q.view(np.uint16).reshape(q.shape[0], nb, q.shape[2], ROWS)
+    words = q.shape[3]  # 16-bit words per block row
     w = block_bytes // 2
+    raw16 = raw.view(np.uint16)
+    q16 = q.view(np.uint16).reshape(-1)
     for g in prange(q.shape[0]):
-        n_rows = min(ROWS, d - g * ROWS)
-        for b in range(nb):
-            for c in range(copies.shape[0]):
-                src = b * w + copies[c, 0] // 2
-                dst = copies[c, 1] // 2
-                for k in range(copies[c, 2] // 2):
-                    for r in range(n_rows):
-                        q16[g, b, dst + k, r] = raw16[g * ROWS + r, src + k]
-            for h in range(halves.shape[0]):
-                src = b * w + halves[h] // 2
-                for r in range(n_rows):
-                    s[g, b, h, r] = raw16[g * ROWS + r, src]
-            if code == Q5_0:
-                for r in range(n_rows):
+        for r in range(min(ROWS, d - g * ROWS)):
+            src_row = raw16[g * ROWS + r]
+            c, lane = r // LANES, r % LANES
+            for b in range(nb):
+                base = ((g * nb + b) * (ROWS // LANES) + c) * words * LANES + lane
+                for cp in range(copies.shape[0]):
+                    src = b * w + copies[cp, 0] // 2
+                    dst = base + (copies[cp, 1] // 2) * LANES
+                    for k in range(copies[cp, 2] // 2):
+                        q16[dst + k * LANES] = src_row[src + k]
+                for h in range(halves.shape[0]):
+                    s[g, b, h, r] = src_row[b * w + halves[h] // 2]
+                if code == Q5_0:
                     s[g, b, 1, r] = qh_order(np.int64(s[g, b, 1, r]))
                     s[g, b, 2, r] = qh_order(np.int64(s[g, b, 2, r]))
-            elif code == Q4_K:
-                for r in range(n_rows):
+                elif code == Q4_K:
                     row = raw[g * ROWS + r]
                     for j in range(8):
                         sc, m = k4_scale_min(row, b * block_bytes, j)
-                        q[g, b, 64 + (j >> 1), r, j & 1] = sc
-                        q[g, b, 68 + (j >> 1), r, j & 1] = m
+                        q[g, b, c, 64 + (j >> 1), lane, j & 1] = sc
+                        q[g, b, c, 68 + (j >> 1), lane, j & 1] = m
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -499,7 +517,7 @@ def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
         for c in range(copies.shape[0]):
             for k in range(copies[c, 2]):
                 kk = copies[c, 1] + k
-                out[o + copies[c, 0] + k] = q[g, b, kk >> 1, r, kk & 1]
+                out[o + copies[c, 0] + k] = qbyte(q, g, b, kk, r)
         for h in range(halves.shape[0]):
             v = np.int64(s[g, b, h, r])
             if code == Q5_0 and h > 0:
@@ -508,10 +526,10 @@ def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
             out[o + halves[h] + 1] = np.uint8(v >> 8)
         if code == Q4_K:  # re-encode the 6-bit scales and mins (the inverse of k4_scale_min)
             for j in range(4):
-                sc_lo = q[g, b, 64 + (j >> 1), r, j & 1]
-                sc_hi = q[g, b, 66 + (j >> 1), r, j & 1]
-                m_lo = q[g, b, 68 + (j >> 1), r, j & 1]
-                m_hi = q[g, b, 70 + (j >> 1), r, j & 1]
+                sc_lo = qbyte(q, g, b, 128 + j, r)
+                sc_hi = qbyte(q, g, b, 132 + j, r)
+                m_lo = qbyte(q, g, b, 136 + j, r)
+                m_hi = qbyte(q, g, b, 140 + j, r)
                 out[o + 4 + j] = sc_lo | ((sc_hi >> 4) << 6)
                 out[o + 8 + j] = m_lo | ((m_hi >> 4) << 6)
                 out[o + 12 + j] = (sc_hi & 15) | ((m_hi & 15) << 4)

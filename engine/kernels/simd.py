@@ -3,14 +3,14 @@
 Numba's auto-vectorized loops over the packed layout reach ~1 byte of weights per vector instruction: every
 nibble is widened to 32 bits and multiplied alone. These kernels keep bytes as bytes and multiply them pairwise
 with x86's pmaddubsw (u8 x s8 -> adjacent pairs summed to s16), ~4 bytes per instruction. The packed layout
-(packed.py) stores each row's quant bytes in pairs: byte k of a block is at q[g, b, k // 2, r, k % 2], so
-32 loaded bytes are 16 rows x 2 consecutive bytes, and the activation pair (x[k], x[k+1]) broadcast to every
-row's byte pair feeds pmaddubsw directly.
+(packed.py) stores each row's quant bytes in pairs: byte k of a block, for row l of a 16-row chunk, is at
+q[g, b, c, k // 2, l, k % 2], so 32 loaded bytes are 16 rows x 2 consecutive bytes, and the activation pair
+(x[k], x[k+1]) broadcast to every row's byte pair feeds pmaddubsw directly.
 
 Each intrinsic handles one block of all ROWS rows of a group, 16 rows (one 256-bit register) at a time, and
 adds its float32 results to `acc` (ROWS,). Arguments are flat arrays and element offsets computed by the caller:
 
-    q     uint8   flat packed bytes; qo: offset of this block (q[g, b, 0, 0, 0])
+    q     uint8   flat packed bytes; qo: offset of this block (q[g, b, 0, 0, 0, 0])
     s     uint16  flat packed half-floats; so: offset of s[g, b, 0, 0]
     xq    int8    flat quantized activations; xo: offset of this block's first value
     dx    float32 activation scales per 32; xsum int32 (n/32, 2) flat: sums of xq per 16; xb: first 32-block
@@ -61,8 +61,9 @@ def _splat_const(elt: ir.Type, n: int, value) -> ir.Constant:
 class _Emitter:
     """Small helpers over an IRBuilder, for the kernels below."""
 
-    def __init__(self, context, builder, signature, args):
+    def __init__(self, context, builder, signature, args, qb: int):
         self.b = builder
+        self.chunk_bytes = qb * LANES  # bytes of one 16-row chunk of a block
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
             if isinstance(ty, types.Array):
@@ -82,8 +83,8 @@ class _Emitter:
             yield loop.index
 
     def qpair(self, q, qo, c, jp: int):
-        """<32 x i8>: byte pair jp of the 16 rows of chunk c (q[g, b, jp, 16c : 16c + 16, :])."""
-        off = self.b.add(self.at(qo, jp * 2 * ROWS), self.b.mul(c, ir.Constant(I64, 2 * LANES)))
+        """<32 x i8>: byte pair jp of the 16 rows of chunk c (q[g, b, c, jp, :, :])."""
+        off = self.b.add(self.at(qo, jp * 2 * LANES), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
         return self.load(q, off, I8, 2 * LANES)
 
     def qpair16(self, q, qo, c, jp: int):
@@ -221,7 +222,7 @@ def _q4_sums(e: _Emitter, q, qo, xq, xo, c):
 
 
 def _block_q4(context, builder, signature, args, with_min: bool):
-    e = _Emitter(context, builder, signature, args)
+    e = _Emitter(context, builder, signature, args, 16)
     q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
     b = e.b
     d_x = e.fsplat(e.load_scalar(dx, xb))
@@ -264,7 +265,7 @@ def block_q4_1(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
 
 
 def _block_q5_0(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args)
+    e = _Emitter(context, builder, signature, args, 16)
     q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
     b = e.b
     d_x = e.fsplat(e.load_scalar(dx, xb))
@@ -298,7 +299,7 @@ def block_q5_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
 
 
 def _block_q8_0(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args)
+    e = _Emitter(context, builder, signature, args, 32)
     q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
     b = e.b
     d_x = e.fsplat(e.load_scalar(dx, xb))
@@ -328,7 +329,7 @@ def block_q8_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
 
 
 def _block_q4_k(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args)
+    e = _Emitter(context, builder, signature, args, 144)
     q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
     b = e.b
     with e.chunks() as c:
@@ -373,7 +374,7 @@ def block_q4_k(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
 
 
 def _block_q6_k(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args)
+    e = _Emitter(context, builder, signature, args, 208)
     q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
     b = e.b
     with e.chunks() as c:
