@@ -93,7 +93,9 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
                 await pilot.press("enter")
             await wait_for(
                 pilot,
-                lambda: app.state.turns and app.state.turns[-1] is not last and app.state.turns[-1].role == "assistant",
+                lambda last=last: (
+                    app.state.turns and app.state.turns[-1] is not last and app.state.turns[-1].role == "assistant"
+                ),
                 timeout=30,
                 what=f"{where}: {action} to start a reply (notices: {app.notices[-3:]})",
             )
