@@ -169,13 +169,18 @@ class ChatApp(App[None]):
         self.screen_stack[0].set_class(event.size.width < 100, "-narrow")
 
     def on_unmount(self) -> None:
-        """Quitting mid-reply: stop the engine, or the process would wait for the reply's last token."""
-        if self._active is not None and self.backend is not None:
-            self._active.stop.set()
+        """Quitting mid-reply: stop the engine, or the process would wait for the reply's last token; and save
+        the reply as far as it was shown (progress saves lag by up to the recorder's interval)."""
+        active = self._active
+        if active is None:
+            return
+        active.stop.set()
+        if self.backend is not None:
             try:
                 self.backend.cancel()
             except Exception:
                 pass  # leaving anyway
+        self.recorder.reply_done(active.conv_id, active.reply)
 
     def _show_banner(self, state: str, detail: str = "") -> None:
         self.chat_log.banner.show(state, self.model_name, detail)

@@ -91,9 +91,7 @@ def test_a_kv_cache_over_half_the_memory_is_refused_before_the_weights_are_touch
         errors.append(str(caught.value))
 
     peak = _peak_mb(load)
-    assert errors == [
-        "a context of 8192 tokens needs 0.4 GiB of KV cache, more than half of this machine's memory"
-    ]
+    assert errors == ["a context of 8192 tokens needs 0.4 GiB of KV cache, more than half of this machine's memory"]
     assert peak < 50, f"{peak:.0f} MiB allocated before the refusal"
 
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from chatapp.tui.app import ChatApp
+from chatapp.tui.state import Turn
 from chatapp.tui.widgets.prompt_input import PromptInput
 from chatapp.tui.widgets.sampling_panel import KnobRow
 from engine.chat import ChatSession
@@ -64,6 +65,28 @@ def check_cache(chat: ChatSession, app: ChatApp, where: str) -> str:
     return stats.stop_reason
 
 
+async def reply_started(pilot, previous: Turn | None, what: str) -> None:
+    """Wait until a new reply is under way (or already over: a reply can end before the first look)."""
+    app = pilot.app
+
+    def started() -> bool:
+        turns = app.state.turns
+        new = bool(turns) and turns[-1] is not previous and turns[-1].role == "assistant"
+        return new and (app.generating or turns[-1].stats is not None or turns[-1].error is not None)
+
+    await wait_for(pilot, started, timeout=30, what=f"{what} to start a reply (notices: {app.notices[-3:]})")
+
+
+async def reply_over(pilot, what: str) -> None:
+    """Wait until the last reply has its outcome and the app is idle."""
+    app = pilot.app
+    reply = app.state.turns[-1]
+    await wait_for(
+        pilot, lambda: not app.generating and (reply.stats or reply.error), timeout=120, what=f"{what}: the end"
+    )
+    await pilot.pause()
+
+
 async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model, monkeypatch) -> None:
     pilot_waits_briefly(monkeypatch)
     rng = random.Random(SEED)
@@ -91,14 +114,7 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
                 await pilot.press("ctrl+g")
                 app.query_one(PromptInput).set_text(rng.choice(PROMPTS))
                 await pilot.press("enter")
-            await wait_for(
-                pilot,
-                lambda last=last: (
-                    app.state.turns and app.state.turns[-1] is not last and app.state.turns[-1].role == "assistant"
-                ),
-                timeout=30,
-                what=f"{where}: {action} to start a reply (notices: {app.notices[-3:]})",
-            )
+            await reply_started(pilot, last, f"{where}: {action}")
 
             moment = rng.choices(["at once", "first token", "later"], [1, 1, 4])[0]
             if moment == "first token":
@@ -107,8 +123,7 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
                 await pilot.pause(rng.uniform(0.05, 1.5))
             presses["generating" if app.generating else "idle"] += 1
             await pilot.press("escape")
-            await wait_for(pilot, lambda: not app.generating, timeout=120, what=f"{where}: the stop")
-            await pilot.pause()
+            await reply_over(pilot, f"{where}: the stop")
             reason = check_cache(chat, app, f"{where}, {action}, Esc {moment}")
             stops[reason] = stops.get(reason, 0) + 1
 
@@ -132,9 +147,10 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
         await pilot.press("1", "enter")
         await pilot.press("f2")
         await wait_for(pilot, lambda: (chat.settings.temperature, chat.settings.max_tokens) == (0.0, 1))
+        last = app.state.turns[-1]
         await send(pilot, "Go on.", wait=False)
-        await wait_for(pilot, lambda: not app.generating, timeout=120, what="the last reply")
-        await pilot.pause()
+        await reply_started(pilot, last, "the turn after the storm")
+        await reply_over(pilot, "the turn after the storm")
         assert check_cache(chat, app, "the turn after the storm") in (STOP_LENGTH, STOP_EOS)
         assert chat.cached_tokens == chat.prompt_tokens(messages_before_reply(app))
         assert_cache_matches_fresh(chat)
