@@ -1,4 +1,5 @@
-"""`chatapp bench`: llama-bench style prefill (pp) and decode (tg) speed, mean ± std over repetitions."""
+"""`chatapp bench`: llama-bench style prefill (pp) and decode (tg) speed, mean ± std over repetitions, on the
+model's device (CPU, or the GPU offload of `--device` / `--gpu-layers`)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json
         "model": model.name,
         "file": str(model.file.path),
         "threads": model.threads,
+        "device": getattr(model, "device", "cpu"),
         "n_prompt": n_prompt,
         "n_gen": n_gen,
         "repetitions": len(runs),
@@ -49,7 +51,8 @@ def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json
     if as_json:
         print(json.dumps(result, indent=1))
         return 0
-    print("| model | threads | test | t/s |\n|---|---|---|---|")
+    print("| model | device | threads | test | t/s |\n|---|---|---|---|---|")
     for test, key in ((f"pp{n_prompt}", "prefill_tok_s"), (f"tg{n_gen}", "decode_tok_s")):
-        print(f"| {model.name} | {model.threads} | {test} | {result[key]:.2f} ± {result[key + '_std']:.2f} |")
+        rate = f"{result[key]:.2f} ± {result[key + '_std']:.2f}"
+        print(f"| {model.name} | {result['device']} | {model.threads} | {test} | {rate} |")
     return 0

@@ -39,6 +39,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="a catalog name (see `chatapp models`) or a path to a .gguf file")
     p.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, help="context size in tokens")
     p.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+    # Both checked by the settings schema (one-line errors), not by argparse.
+    p.add_argument("--device", help="auto (a CUDA GPU when CuPy finds one; the default), cpu or cuda")
+    p.add_argument(
+        "-ngl", "--gpu-layers", dest="gpu_layers", metavar="N",
+        help="leading layers on the GPU; -1 (default) = all and the output head, as llama.cpp's -ngl",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
-        "model", "n_ctx", "threads", "system_prompt", "temperature", "top_k", "top_p", "min_p",
-        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
+        "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
+        "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
     )  # fmt: skip
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
@@ -120,7 +126,17 @@ def _load(args: argparse.Namespace, settings, say: Callable[[str], None], consol
     from engine import load_model
 
     path = resolve_model_path(settings.model, say, console=console)
-    return load_model(path, n_ctx=settings.n_ctx, threads=settings.threads or None, progress=say)
+    model = load_model(
+        path,
+        n_ctx=settings.n_ctx,
+        threads=settings.threads or None,
+        progress=say,
+        device=settings.device,
+        gpu_layers=settings.gpu_layers,
+    )
+    if model.device != "cpu":
+        say(f"running on {model.device}")
+    return model
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from chatapp import paths
 if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
 
-DEVICES = ("auto", "cpu", "gpu")
+DEVICES = ("auto", "cpu", "cuda")  # "gpu" is accepted too and read as "cuda"
 CLI = "command line"  # the source name used in errors about `cli_overrides`
 
 
@@ -40,8 +40,8 @@ class AppSettings:
     model: str  # a catalog name, a path to a .gguf file, or a .gguf file's name in the models directory
     n_ctx: int  # context size in tokens
     threads: int  # CPU threads for inference; 0 = all cores
-    device: str  # "auto" (a GPU when one is usable), "cpu" or "gpu"
-    gpu_layers: int  # layers to run on the GPU when the device is a GPU; -1 = all
+    device: str  # "auto" (a CUDA GPU when one is usable), "cpu" or "cuda"
+    gpu_layers: int  # llama.cpp's -ngl: leading layers on the GPU; -1 (or n_layer + 1) = all and the output head
     system_prompt: str  # "" = no system message
     sampling: SamplingSettings  # handed to the engine as is
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
@@ -64,7 +64,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "model": _Rule(str, lambda v: bool(v.strip()), "(not empty)"),
     "n_ctx": _Rule(int, lambda v: v >= 1, "≥ 1"),
     "threads": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = all cores)"),
-    "device": _Rule(str, lambda v: v in DEVICES, f"one of {', '.join(map(repr, DEVICES))}"),
+    "device": _Rule(str, lambda v: v in DEVICES or v == "gpu", f"one of {', '.join(map(repr, DEVICES))}"),
     "gpu_layers": _Rule(int, lambda v: v >= -1, "≥ -1 (-1 = all)"),
     "system_prompt": _Rule(str),
 }
@@ -273,4 +273,6 @@ def load_settings(
 
     from engine.sampling import SamplingSettings
 
+    if merged["device"] == "gpu":
+        merged["device"] = "cuda"
     return AppSettings(**merged, sampling=SamplingSettings(**sampling), sources=tuple(sources))

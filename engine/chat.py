@@ -259,6 +259,7 @@ class ChatSession:
             dropped_messages=self._dropped,
             reply=reply,
             warnings=tuple(notes),
+            device=getattr(self.model, "device", "cpu"),
         )
 
     def _reply_reserve(self, s: SamplingSettings) -> int:

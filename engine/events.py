@@ -58,6 +58,7 @@ class TurnStats:
     dropped_messages: int = 0  # messages left out of the prompt to fit the context
     reply: str = ""  # the reply text as generated (also what the caller should store)
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    device: str = ""  # where the model ran, e.g. "cpu" or "cuda:0 (NVIDIA H200), 30/30 layers + output"
 
     @property
     def prefill_tok_s(self) -> float:

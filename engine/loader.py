@@ -1,4 +1,8 @@
-"""load_model: from a GGUF path to a ready Model, every check done before anything big is allocated."""
+"""load_model: from a GGUF path to a ready Model, every check done before anything big is allocated.
+
+With a device (CuPy on a CUDA GPU), the first `gpu_layers` layers -- or all of them and the output head -- are
+uploaded once, here, and run there (engine.gpu); the rest stay on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from collections.abc import Callable
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
 from .gguf_file import open_gguf
+from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
 from .runtime import configure_threads, kernels_compiled
 from .weights import bind_weights
@@ -29,12 +34,25 @@ def load_model(
     n_ctx: int = 2048,
     threads: int | None = None,
     progress: Callable[[str], None] | None = None,
+    device: str = "cpu",
+    gpu_layers: int = -1,
 ) -> Model:
-    """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages."""
+    """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages.
+
+    device: "cpu" (the default here; the app's is "auto"); "cuda" (CuPy and a CUDA device, else
+    engine.gpu.DeviceError); "auto" (cuda when usable, else the CPU and a line in `model.warnings` saying why);
+    "gpu" means "cuda". "numpy" runs the device code path on NumPy arrays on the CPU, for tests.
+    gpu_layers: as llama.cpp's -ngl. 0..n_layer: that many leading layers on the device, the output head on
+    the CPU; -1 (the default), or n_layer + 1 and more: every layer and the output head.
+    """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     if not isinstance(n_ctx, int) or n_ctx < 1:
         raise SettingsError(f"context size must be a positive number of tokens (got {n_ctx!r})")
+    if not isinstance(gpu_layers, int) or isinstance(gpu_layers, bool) or gpu_layers < -1:
+        raise SettingsError(f"gpu layers must be -1 (all) or a number of layers >= 0 (got {gpu_layers!r})")
+    device = normalize_device(device)
+    backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
     n_threads = configure_threads(threads)
     say("reading model header")
     file = open_gguf(path)
@@ -46,7 +64,8 @@ def load_model(
     if n_ctx > cfg.n_ctx_train:
         warnings.append(f"context {n_ctx} exceeds the model's trained {cfg.n_ctx_train}; using {cfg.n_ctx_train}")
         n_ctx = cfg.n_ctx_train
-    cache_bytes = 2 * 4 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * n_ctx
+    n_device, with_output = split_layers(gpu_layers, cfg.n_layer) if backend is not None else (0, False)
+    cache_bytes = 2 * 2 * (cfg.n_layer - n_device) * cfg.n_kv_head * cfg.head_dim * n_ctx
     if cache_bytes > _MAX_CACHE_SHARE * _physical_memory():
         raise SettingsError(
             f"a context of {n_ctx} tokens needs {cache_bytes / 2**30:.1f} GiB of KV cache, "
@@ -65,6 +84,13 @@ def load_model(
     weights = bind_weights(file, cfg)
     model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
     model.warnings = warnings
+    model.device = "cpu"
+    if why_not:
+        warnings.append(why_not)
+    if backend is not None:
+        say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
+        offload_for(model, backend, gpu_layers)
+        model.device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
     if kernels_compiled():
         say("loading kernels")
     else:

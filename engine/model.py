@@ -9,14 +9,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .config import ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
-from .kernels import embedding_rows, matmul
+from .kernels import DecodeLayer, causal_attention, embedding_rows, float_products_active, matmul
 from .weights import LayerWeights, Weights
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int, n
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Causal attention of t new queries over T = start + t cached positions.
+    """Causal attention of t new queries over T = start + t cached positions: the NumPy statement of what
+    kernels.causal_attention computes (and the reference the tests hold it to).
 
     q (t, n_head, hd); k, v (n_kv, T, hd) -> (t, n_head·hd). Query head h reads kv head h // (n_head/n_kv).
     """
@@ -107,17 +108,43 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
     return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
 
 
-class KVCache:
-    """Keys and values of every layer for n_ctx positions, allocated once."""
+class Offload(Protocol):
+    """Layers [0, n_layers) -- and the output head when `runs_output` -- run on another device (engine.gpu).
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int):
-        shape = (cfg.n_layer, cfg.n_kv_head, n_ctx, cfg.head_dim)  # (layer, kv head, position, hd)
-        self.k = np.zeros(shape, dtype=np.float32)
-        self.v = np.zeros(shape, dtype=np.float32)
+    Their KV cache lives on that device, in the object `new_cache` returns; activations cross as NumPy arrays.
+    """
+
+    n_layers: int
+    runs_output: bool
+
+    def new_cache(self, n_ctx: int) -> object: ...
+
+    def forward_layers(self, x: np.ndarray, cache: object, start: int) -> np.ndarray:
+        """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
+        ...
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and output head: x (t, d) -> logits (t, n_vocab) float32."""
+        ...
+
+
+class KVCache:
+    """Keys and values for n_ctx positions, allocated once: the CPU layers' here, the offloaded layers' in
+    `device` (None without offload). Stored as float16, as llama.cpp's default cache: the forward pass rounds
+    k and v to float16 anyway, so the cache is exact at half the memory of float32."""
+
+    def __init__(self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None):
+        first = offload.n_layers if offload is not None else 0
+        # (layer - first, kv head, position, hd)
+        shape = (cfg.n_layer - first, cfg.n_kv_head, n_ctx, cfg.head_dim)
+        self.k = np.zeros(shape, dtype=np.float16)
+        self.v = np.zeros(shape, dtype=np.float16)
+        self.device = offload.new_cache(n_ctx) if offload is not None else None
         self.n_ctx = n_ctx
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the CPU part."""
         return self.k.nbytes + self.v.nbytes
 
 
@@ -147,9 +174,13 @@ class Model:
         self.threads = threads
         self.warnings: list[str] = []
         self.load_s = 0.0
+        self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
+        self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
         n_pos = max(n_ctx, 1)
         if cfg.spec.positions == "rope":
             self._cos, self._sin = rope_tables(cfg, n_pos, weights.rope_freqs)
+        self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
+        self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
         self._lock = threading.Lock()
@@ -186,7 +217,7 @@ class Model:
         ids = self._check_ids(ids)
         if len(ids) > self.n_ctx:
             raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        cache = KVCache(self.cfg, len(ids))
+        cache = KVCache(self.cfg, len(ids), self.offload)
         parts = [
             self.forward(ids[i : i + PREFILL_CHUNK], cache, i, last_only=False)
             for i in range(0, len(ids), PREFILL_CHUNK)
@@ -216,7 +247,17 @@ class Model:
         x = embedding_rows(w.token_embd, ids)  # (t, d)
         if w.position_embd is not None:
             x += w.position_embd[start:end]
-        for li, lw in enumerate(w.layers):
+        first = 0
+        if self.offload is not None:
+            x = self.offload.forward_layers(x, cache.device, start)
+            first = self.offload.n_layers
+        fast = self._fast_layers() if t == 1 else None
+        for li in range(first, cfg.n_layer):
+            if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as below
+                ci = li - first
+                fast[li](x[0], start, cache.k[ci], cache.v[ci], self._cos[start], self._sin[start])
+                continue
+            lw, ci = w.layers[li], li - first  # ci: the layer's index in the CPU cache
             h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
             q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
             if cfg.spec.positions == "rope":
@@ -225,9 +266,9 @@ class Model:
                 k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
             # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
             # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
-            cache.k[li, :, start:end] = half_round(k).transpose(1, 0, 2)
-            cache.v[li, :, start:end] = half_round(v).transpose(1, 0, 2)
-            a = attention(half_round(q), cache.k[li, :, :end], cache.v[li, :, :end], start)  # (t, n_head·hd)
+            cache.k[ci, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd), rounded to float16
+            cache.v[ci, :, start:end] = v.transpose(1, 0, 2)
+            a = causal_attention(half_round(q), cache.k[ci], cache.v[ci], start)  # (t, n_head·hd)
             x += self._bias(matmul(lw.wo, a), lw.bo)
             h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
             if lw.w_gate is not None:
@@ -237,8 +278,43 @@ class Model:
             x += self._bias(matmul(lw.w_down, h), lw.b_down)
         if last_only:
             x = x[-1:]
+        if self.offload is not None and self.offload.runs_output:
+            return self.offload.output(x)
         x = self._norm(x, w.output_norm, w.output_norm_b)
         return matmul(w.output, x)  # (t, n_vocab)
+
+    def _fast_layers(self) -> list[DecodeLayer | None] | None:
+        """Every layer's one-call decode arguments, when the architecture and weight types allow it."""
+        if not self.fused_decode or float_products_active():
+            return None
+        if self._decode_layers is False:
+            self._decode_layers = self._build_decode_layers()
+        return self._decode_layers
+
+    def _build_decode_layers(self) -> list[DecodeLayer | None] | None:
+        cfg, spec = self.cfg, self.cfg.spec
+        if spec.norm != "rms" or spec.positions != "rope":
+            return None
+        first = self.offload.n_layers if self.offload is not None else 0
+        layers: list[DecodeLayer | None] = [None] * first  # offloaded layers: never run here, never packed
+        for lw in self.weights.layers[first:]:
+            if lw.w_gate is None or len(lw.wqkv) != 3 or lw.bo is not None or lw.b_up is not None:
+                return None
+            if lw.b_down is not None or not DecodeLayer.fits((*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)):
+                return None
+            shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_dim, spec.rope_neox)
+            layers.append(
+                DecodeLayer(
+                    (lw.attn_norm, lw.ffn_norm),
+                    lw.wqkv,
+                    lw.wo,
+                    (lw.w_gate, lw.w_up, lw.w_down),
+                    lw.bqkv,
+                    shape,
+                    cfg.norm_eps,
+                )  # fmt: skip
+            )
+        return layers
 
     def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         if self.cfg.spec.norm == "rms":
@@ -273,7 +349,7 @@ class Session:
 
     def __init__(self, model: Model, n_ctx: int):
         self.model = model
-        self.cache = KVCache(model.cfg, n_ctx)
+        self.cache = KVCache(model.cfg, n_ctx, model.offload)
         self.tokens: list[int] = []  # ids whose K/V are in the cache, in order
 
     @property

@@ -155,6 +155,8 @@ def stats_line(stats: TurnStats) -> str:
         f"{stats.generated_tokens} tokens",
         f"stop: {stats.stop_reason}",
     ]
+    if stats.device:
+        parts.append(stats.device)
     if stats.dropped_messages:
         parts.append(f"{stats.dropped_messages} old message(s) left out to fit the context")
     elif stats.context_shifts:

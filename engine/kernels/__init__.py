@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as T
 # default and 25.8 with passive waiting (1 thread: 26.5). Read when libgomp loads, at the first parallel launch.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import cpu, packed, pages  # noqa: E402
+from . import attention, cpu, decode, packed, pages  # noqa: E402
 from .blocks import F16_TABLE  # noqa: E402
 
 QUANTIZED = {
@@ -300,3 +300,77 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
     out = np.empty((w.rows, w.cols), dtype=np.float32)
     got = _decode_rows(w, 0, out)
     return got if got is out else np.array(got, dtype=np.float32)
+
+
+def _packed_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int]:
+    p = w.prepare().packed
+    return p.q, p.s, p.code
+
+
+_NO_BIAS = np.zeros(0, dtype=np.float32)
+
+
+class DecodeLayer:
+    """One RMSNorm/RoPE/SwiGLU layer's arguments for `decode.layer`, the one-call path of a single token.
+
+    Built only when every product of the layer has a packed kernel (`fits`); the forward pass uses the
+    reference NumPy path otherwise, and whenever `float_products()` is in force.
+    """
+
+    def __init__(
+        self,
+        norms: tuple[np.ndarray, np.ndarray],
+        wqkv: tuple[WeightMatrix, WeightMatrix, WeightMatrix],
+        wo: WeightMatrix,
+        ffn: tuple[WeightMatrix, WeightMatrix, WeightMatrix],  # gate, up, down
+        bqkv: tuple[np.ndarray, ...] | None,
+        shape: tuple[int, int, int, int, bool],  # n_head, n_kv, head_dim, rope_dim, neox
+        eps: float,
+    ):
+        f32 = [np.ascontiguousarray(n, dtype=np.float32) for n in norms]
+        self._norms = (f32[0], f32[1])
+        self._wqkv = tuple(_packed_args(w) for w in wqkv)
+        self._wo = _packed_args(wo)
+        self._ffn = tuple(_packed_args(w) for w in ffn)
+        biases = bqkv or (_NO_BIAS,) * 3
+        self._biases = tuple(np.ascontiguousarray(b, dtype=np.float32) for b in biases)
+        self._shape = (*shape[:4], int(shape[4]), ffn[2].cols)
+        self._eps = float(eps)
+
+    @staticmethod
+    def fits(weights: Sequence[WeightMatrix]) -> bool:
+        return all(w.ggml_type in PACKED_TYPES for w in weights)
+
+    def __call__(self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray):
+        """x (d,) float32 in place; kc, vc (n_kv, n_ctx, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
+        decode.layer(
+            x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
+            vc.view(np.uint16), cos, sin,
+            self._shape, self._eps, PARALLEL_MIN_BYTES,
+        )  # fmt: skip
+
+
+def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
+    """Queries at positions start.. over the cache up to each one's own position.
+
+    q (t, n_head, hd); kc, vc (n_kv, n_ctx, hd) float16 -> (t, n_head·hd) float32. Query head h reads kv
+    head h // (n_head / n_kv). The two products go to BLAS, on one thread (see runtime.configure_threads: measured
+    here, splitting the heads over two Python threads gained nothing), the causal softmax to attention.py.
+    """
+    t, n_head, hd = q.shape
+    n_kv = kc.shape[0]
+    group = n_head // n_kv
+    n_pos = start + t
+    qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(n_kv, group * t, hd)  # rows (g, i) per kv head
+    out = np.empty((n_kv, group * t, hd), dtype=np.float32)  # (n_kv, group·t, hd)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    for kv in range(n_kv):
+        scores = np.matmul(qg[kv], kc[kv, :n_pos].astype(np.float32).T)  # (group·t, n_pos)
+        attention.causal_softmax(scores, 0, t, start, scale)
+        np.matmul(scores, vc[kv, :n_pos].astype(np.float32), out=out[kv])
+    return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
+
+
+def float_products_active() -> bool:
+    """Whether `float_products()` is in force."""
+    return _float_products

@@ -126,7 +126,7 @@ def test_unknown_sampling_key(user_config: Path):
         ("n_ctx = true", 1, "n_ctx", "expected an integer ≥ 1, got True"),
         ("n_ctx = 0", 1, "n_ctx", "expected an integer ≥ 1, got 0"),
         ("threads = 1.5", 1, "threads", "expected an integer ≥ 0 (0 = all cores), got 1.5"),
-        ('device = "tpu"', 1, "device", "expected one of 'auto', 'cpu', 'gpu', got 'tpu'"),
+        ('device = "tpu"', 1, "device", "expected one of 'auto', 'cpu', 'cuda', got 'tpu'"),
         ("system_prompt = 3", 1, "system_prompt", "expected a string, got 3"),
         ("\n[sampling]\ntemperature = 'hot'", 3, "sampling.temperature", "expected a number ≥ 0"),
         ("[sampling]\ntop_p = 1.5", 2, "sampling.top_p", "expected a number between 0 and 1, got 1.5"),

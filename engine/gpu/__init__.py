@@ -1,0 +1,59 @@
+"""Optional GPU offload: the first layers (or all, and the output head) of a model on a CUDA device via CuPy.
+
+    backend.py  which array module: CuPy on a CUDA device, or NumPy (tests run the same code on the CPU)
+    decode.py   one vectorised decoder per ggml type, from the file's raw blocks
+    matrix.py   weights uploaded once in their file encoding; W @ x decoding a tile of rows at a time
+    ops.py      norms, activations, RoPE, attention: engine/model.py's numerics on xp arrays
+    offload.py  the per-layer forward pass and KV cache on the device (engine.model.Offload)
+
+`engine.loader.load_model(..., device=, gpu_layers=)` is the way in; `offload_for` attaches an offload to a
+model directly (tests use it with the NumPy backend).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .backend import DEVICES, NUMPY, TEST_DEVICE, Backend, DeviceError, find_cuda, normalize_device, pick_backend
+
+if TYPE_CHECKING:
+    from ..model import Model
+    from .offload import DeviceOffload
+
+
+def split_layers(gpu_layers: int, n_layer: int) -> tuple[int, bool]:
+    """llama.cpp's -ngl: (layers on the device, whether the output head is too).
+
+    0..n_layer: that many leading layers, the output on the CPU. -1, or n_layer + 1 and more: every layer and
+    the output head (llama.cpp counts the output as one more layer).
+    """
+    if gpu_layers == -1 or gpu_layers > n_layer:
+        return n_layer, True
+    return gpu_layers, False
+
+
+def offload_for(model: Model, backend: Backend = NUMPY, gpu_layers: int = -1) -> DeviceOffload | None:
+    """Upload `model`'s first layers per `gpu_layers` and attach the offload (None and nothing attached for 0)."""
+    from .offload import DeviceOffload  # noqa: PLC0415 (imports engine.model)
+
+    n_layers, with_output = split_layers(gpu_layers, model.cfg.n_layer)
+    if n_layers == 0:
+        model.offload = None
+        return None
+    offload = DeviceOffload(backend, model.cfg, model.weights, n_layers, with_output, model.n_ctx)
+    model.offload = offload
+    return offload
+
+
+__all__ = [
+    "DEVICES",
+    "NUMPY",
+    "TEST_DEVICE",
+    "Backend",
+    "DeviceError",
+    "find_cuda",
+    "normalize_device",
+    "offload_for",
+    "pick_backend",
+    "split_layers",
+]

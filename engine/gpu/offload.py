@@ -1,0 +1,212 @@
+"""The offload: layers [0, n_layers) and optionally the output head on a device (engine.model.Offload).
+
+The same per-layer forward pass as engine/model.py, top to bottom, on arrays of `backend.xp`: norm -> q, k, v
+-> RoPE -> attention over the device-resident KV cache -> residual -> norm -> FFN -> residual. Activations cross
+from and to the CPU as NumPy arrays (t × d floats per call); weights and the cache stay on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..model import rope_tables
+from ..weights import LayerWeights, Weights
+from . import ops
+from .backend import Backend, DeviceError
+from .matrix import DeviceMatrix, matmul
+
+Array = Any  # an xp.ndarray
+
+
+@dataclass(frozen=True)
+class DeviceLayer:
+    """One block's weights on the device; fields as engine.weights.LayerWeights."""
+
+    attn_norm: Array  # (d,)
+    attn_norm_b: Array | None
+    wqkv: tuple[DeviceMatrix, ...]  # (wq, wk, wv) or (fused,)
+    bqkv: tuple[Array, ...] | None
+    wo: DeviceMatrix  # (d, n_head·head_dim)
+    bo: Array | None
+    ffn_norm: Array
+    ffn_norm_b: Array | None
+    w_gate: DeviceMatrix | None  # (d_ff, d) SwiGLU only
+    w_up: DeviceMatrix  # (d_ff, d)
+    b_up: Array | None
+    w_down: DeviceMatrix  # (d, d_ff)
+    b_down: Array | None
+
+
+class DeviceCache:
+    """Keys and values of the offloaded layers for n_ctx positions, in float16 on the device.
+
+    The CPU engine rounds keys and values to float16 before it caches them (as llama.cpp's F16 cache does),
+    so storing halves keeps exactly the same values in half the memory.
+    """
+
+    def __init__(self, backend: Backend, cfg: ModelConfig, n_layers: int, n_ctx: int):
+        xp = backend.xp
+        shape = (n_layers, cfg.n_kv_head, n_ctx, cfg.head_dim)  # (layer, kv head, position, hd)
+        self.k = xp.zeros(shape, dtype=xp.float16)
+        self.v = xp.zeros(shape, dtype=xp.float16)
+        self.n_ctx = n_ctx
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+
+def cache_bytes(cfg: ModelConfig, n_layers: int, n_ctx: int) -> int:
+    """Device memory of one DeviceCache."""
+    return 2 * 2 * n_layers * cfg.n_kv_head * n_ctx * cfg.head_dim
+
+
+class DeviceOffload:
+    """engine.model.Offload on a Backend: weights uploaded once, here; one DeviceCache per session."""
+
+    def __init__(
+        self, backend: Backend, cfg: ModelConfig, weights: Weights, n_layers: int, runs_output: bool, n_ctx: int
+    ):
+        if not 0 < n_layers <= cfg.n_layer or (runs_output and n_layers != cfg.n_layer):
+            raise ValueError(f"cannot offload {n_layers} of {cfg.n_layer} layers (output: {runs_output})")
+        self.backend = backend
+        self.cfg = cfg
+        self.n_layers = n_layers
+        self.runs_output = runs_output
+        xp = backend.xp
+        self._check_memory(weights, n_ctx)
+        self.layers = tuple(self._upload_layer(lw) for lw in weights.layers[:n_layers])
+        self.output_norm = xp.asarray(weights.output_norm) if runs_output else None
+        self.output_norm_b = self._vector(weights.output_norm_b) if runs_output else None
+        self.output_w = DeviceMatrix.upload(xp, weights.output) if runs_output else None
+        self._cos = self._sin = None
+        if cfg.spec.positions == "rope":
+            cos, sin = rope_tables(cfg, max(n_ctx, 1), weights.rope_freqs)  # (n_ctx, rope_dim/2) each
+            self._cos, self._sin = xp.asarray(cos), xp.asarray(sin)
+
+    # -- set-up --------------------------------------------------------------------------------------------
+
+    def _check_memory(self, weights: Weights, n_ctx: int) -> None:
+        free = self.backend.free_bytes()
+        if free is None:
+            return
+        mats = [m for lw in weights.layers[: self.n_layers] for m in (*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]
+        if self.runs_output:
+            mats.append(weights.output)
+        need = sum(m.data.nbytes for m in mats if m is not None) + cache_bytes(self.cfg, self.n_layers, n_ctx)
+        if need > free:
+            raise DeviceError(
+                f"{self.n_layers} layers{' and the output' if self.runs_output else ''} with a context of {n_ctx} "
+                f"need {need / 2**30:.1f} GiB on {self.backend.label}, {free / 2**30:.1f} GiB is free "
+                f"(offload fewer layers or use a smaller context)"
+            )
+
+    def _vector(self, v: np.ndarray | None) -> Array | None:
+        return None if v is None else self.backend.xp.asarray(v)
+
+    def _upload_layer(self, lw: LayerWeights) -> DeviceLayer:
+        xp = self.backend.xp
+
+        def mat(w):  # WeightMatrix | None -> DeviceMatrix | None
+            return None if w is None else DeviceMatrix.upload(xp, w)
+
+        return DeviceLayer(
+            attn_norm=xp.asarray(lw.attn_norm),
+            attn_norm_b=self._vector(lw.attn_norm_b),
+            wqkv=tuple(mat(w) for w in lw.wqkv),
+            bqkv=tuple(self._vector(b) for b in lw.bqkv) if lw.bqkv is not None else None,
+            wo=mat(lw.wo),
+            bo=self._vector(lw.bo),
+            ffn_norm=xp.asarray(lw.ffn_norm),
+            ffn_norm_b=self._vector(lw.ffn_norm_b),
+            w_gate=mat(lw.w_gate),
+            w_up=mat(lw.w_up),
+            b_up=self._vector(lw.b_up),
+            w_down=mat(lw.w_down),
+            b_down=self._vector(lw.b_down),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held by the weights."""
+        mats = [m for lw in self.layers for m in (*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down) if m is not None]
+        if self.output_w is not None:
+            mats.append(self.output_w)
+        return sum(m.nbytes for m in mats)
+
+    # -- the Offload protocol ------------------------------------------------------------------------------
+
+    def new_cache(self, n_ctx: int) -> DeviceCache:
+        return DeviceCache(self.backend, self.cfg, self.n_layers, n_ctx)
+
+    def forward_layers(self, x: np.ndarray, cache: DeviceCache, start: int) -> np.ndarray:
+        """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
+        xp, cfg = self.backend.xp, self.cfg
+        t = x.shape[0]
+        end = start + t
+        if end > cache.n_ctx:
+            raise ValueError(f"positions up to {end} do not fit a device cache of {cache.n_ctx}")
+        x = xp.array(x, dtype=xp.float32)  # (t, d), a copy: the caller's array is never written
+        for li, lw in enumerate(self.layers):
+            h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
+            q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
+            if cfg.spec.positions == "rope":
+                cos, sin = self._cos[start:end], self._sin[start:end]  # (t, rope_dim/2)
+                q = ops.apply_rope(xp, q, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
+                k = ops.apply_rope(xp, k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
+            # Storing into the float16 cache is model.py's half_round of k and v.
+            cache.k[li, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd)
+            cache.v[li, :, start:end] = v.transpose(1, 0, 2)
+            keys = cache.k[li, :, :end].astype(xp.float32)  # (n_kv, end, hd)
+            values = cache.v[li, :, :end].astype(xp.float32)
+            a = ops.attention(xp, ops.half_round(xp, q), keys, values, start)  # (t, n_head·hd)
+            x += self._bias(matmul(xp, lw.wo, a), lw.bo)
+            h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
+            if lw.w_gate is not None:
+                h = ops.silu(xp, matmul(xp, lw.w_gate, h)) * matmul(xp, lw.w_up, h)  # (t, d_ff)
+            else:
+                h = ops.gelu(xp, self._bias(matmul(xp, lw.w_up, h), lw.b_up))
+            x += self._bias(matmul(xp, lw.w_down, h), lw.b_down)
+        return self.backend.to_host(x)
+
+    def output(self, x: np.ndarray) -> np.ndarray:
+        """Final norm and output head: x (t, d) -> logits (t, n_vocab) float32."""
+        if self.output_w is None:
+            raise ValueError("the output head is not offloaded")
+        xp = self.backend.xp
+        h = self._norm(xp.asarray(x, dtype=xp.float32), self.output_norm, self.output_norm_b)  # (t, d)
+        return self.backend.to_host(matmul(xp, self.output_w, h))  # (t, n_vocab)
+
+    # -- pieces --------------------------------------------------------------------------------------------
+
+    def _norm(self, x: Array, weight: Array, bias: Array | None) -> Array:
+        xp = self.backend.xp
+        if self.cfg.spec.norm == "rms":
+            return ops.rms_norm(xp, x, weight, self.cfg.norm_eps)
+        return ops.layer_norm(xp, x, weight, bias, self.cfg.norm_eps)
+
+    @staticmethod
+    def _bias(y: Array, b: Array | None) -> Array:
+        if b is not None:
+            y += b
+        return y
+
+    def _qkv(self, h: Array, lw: DeviceLayer) -> tuple[Array, Array, Array]:
+        xp, cfg = self.backend.xp, self.cfg
+        t = h.shape[0]
+        biases = lw.bqkv or (None,) * len(lw.wqkv)
+        outs = [self._bias(matmul(xp, m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)]
+        if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
+            q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+            fused = outs[0]  # (t, q_dim + 2·kv_dim)
+            outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
+        q, k, v = outs
+        return (
+            q.reshape(t, cfg.n_head, cfg.head_dim),
+            k.reshape(t, cfg.n_kv_head, cfg.head_dim),
+            v.reshape(t, cfg.n_kv_head, cfg.head_dim),
+        )

@@ -1,0 +1,132 @@
+"""Attention over the KV cache, compiled: one query per head (decode), and the causal softmax of a block of
+queries (prefill, whose two products go to BLAS).
+
+Numerics follow model.attention (the NumPy reference) up to summation order and an exp that is within 1e-7
+relative of the exact one, so results agree to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _int_bits_as_float(typingctx, i):
+    """The float32 whose bit pattern is the int32 i."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def half_to_float(typingctx, h):
+    """The float16 whose bit pattern is the uint16 h, as float32 (exact; vcvtph2ps where the CPU has F16C)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def float_to_half(typingctx, x):
+    """The bit pattern of float32 x rounded to float16: nearest, ties to even, overflow to inf (as NumPy)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@njit(inline="always", cache=True, nogil=True, fastmath={"contract"})
+def exp_nonpositive(x):
+    """exp(x) for x <= 0 in float32, within 1e-7 relative (Cephes' expf), in plain arithmetic that vectorizes.
+
+    x = n·ln2 + r with |r| <= ln2/2; exp(r) by its degree-7 polynomial; 2^n assembled in the exponent bits.
+    """
+    x = max(x, np.float32(-87.0))  # exp(-87) ~ 1.6e-38, the smallest normal float32's neighbourhood
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = x - n * np.float32(0.693145751953125)  # ln2 in two parts, so that n·ln2 is exact
+    r = r - n * np.float32(1.428606765330187e-06)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    p = p * r * r + r + np.float32(1.0)
+    return p * _int_bits_as_float((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def attend_one(q, kc, vc, n_pos, n_head, out):
+    """One query per head over the first n_pos cached positions.
+
+    q (n_head·hd,); kc, vc (n_kv, n_ctx, hd) float16 bit patterns (uint16) -> out (n_head·hd,). Query head h
+    reads kv head h // (n_head/n_kv); the heads sharing a kv head are done together, so each cached row is
+    read once.
+    """
+    n_kv, _, hd = kc.shape
+    group = n_head // n_kv
+    scale = np.float32(1.0 / np.sqrt(hd))
+    scores = np.empty((group, n_pos), dtype=np.float32)  # (group, n_pos)
+    acc = np.empty((group, hd), dtype=np.float32)  # (group, hd)
+    for kv in range(n_kv):
+        h0 = kv * group
+        for p in range(n_pos):
+            for g in range(group):
+                s = np.float32(0.0)
+                for i in range(hd):
+                    s += q[(h0 + g) * hd + i] * half_to_float(kc[kv, p, i])
+                scores[g, p] = s * scale
+        for g in range(group):  # softmax over positions
+            top = np.float32(-np.inf)
+            for p in range(n_pos):
+                top = max(top, scores[g, p])
+            total = np.float32(0.0)
+            for p in range(n_pos):
+                e = exp_nonpositive(scores[g, p] - top)
+                scores[g, p] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for p in range(n_pos):
+                scores[g, p] *= inv
+        acc[:] = 0.0
+        for p in range(n_pos):
+            for g in range(group):
+                wp = scores[g, p]
+                for i in range(hd):
+                    acc[g, i] += wp * half_to_float(vc[kv, p, i])
+        for g in range(group):
+            for i in range(hd):
+                out[(h0 + g) * hd + i] = acc[g, i]
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def causal_softmax(scores, r0, t, start, scale):
+    """scores (rows, T) in place -> attention weights. Row r is query (r0 + r) % t, at position start + that
+    (rows run over heads, then queries); it sees positions up to its own, the rest get weight 0. Scores are
+    scaled by `scale` first."""
+    rows, n_pos = scores.shape
+    for r in range(rows):
+        last = start + (r0 + r) % t + 1  # positions this query sees
+        row = scores[r]
+        top = np.float32(-np.inf)
+        for p in range(last):
+            row[p] *= scale
+            top = max(top, row[p])
+        total = np.float32(0.0)
+        for p in range(last):
+            e = exp_nonpositive(row[p] - top)
+            row[p] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for p in range(last):
+            row[p] *= inv
+        for p in range(last, n_pos):
+            row[p] = 0.0

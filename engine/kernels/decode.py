@@ -1,0 +1,142 @@
+"""One decode step of a transformer layer in a single compiled call: the fast path for one new token.
+
+The reference forward pass (model.py) runs each small operation -- norm, rope, attention over the cache,
+SwiGLU -- as NumPy calls, a few microseconds of dispatch each; at one token per call that overhead, some
+300 calls a token, costs as much as the matrix products themselves. `layer` does the same arithmetic for a
+pre-norm RMSNorm + RoPE + SwiGLU layer (llama, qwen2) in one call, with the same packed products (packed.py),
+so a token costs n_layer calls into compiled code.
+
+Numerics follow model.py: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), products on
+activations quantized to int8 per 32. Attention sums in a different order than BLAS, so results agree with
+the reference to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from . import packed
+from .attention import attend_one, float_to_half, half_to_float
+
+
+@njit(cache=True, nogil=True)
+def round_to_half(a):
+    """a (n,) float32, in place: each value rounded to the nearest float16 value (ties to even), as float32."""
+    for i in range(a.shape[0]):
+        a[i] = half_to_float(float_to_half(a[i]))
+
+
+@njit(cache=True, nogil=True)
+def rms_norm(x, w, eps, out):
+    """out (d,) = x / sqrt(mean(x²) + eps) * w, the sum of squares in float64."""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * np.float64(x[i])
+    scale = np.float32(1.0 / np.sqrt(ss / x.shape[0] + eps))
+    for i in range(x.shape[0]):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, nogil=True)
+def rope(x, n_heads, head_dim, rope_dim, cos, sin, neox):
+    """Rotate the leading rope_dim dims of each head of x (n_heads·head_dim,) in place; cos, sin (rope_dim/2,)."""
+    half = rope_dim // 2
+    for h in range(n_heads):
+        base = h * head_dim
+        for i in range(half):
+            if neox:  # pairs (i, i + half)
+                j0, j1 = base + i, base + i + half
+            else:  # adjacent pairs (2i, 2i + 1)
+                j0, j1 = base + 2 * i, base + 2 * i + 1
+            x0, x1 = x[j0], x[j1]
+            x[j0] = x0 * cos[i] - x1 * sin[i]
+            x[j1] = x0 * sin[i] + x1 * cos[i]
+
+
+@njit(cache=True, nogil=True)
+def product(q, s, code, x, out, parallel_min_bytes):
+    """out = W x̂ for the packed weight (q, s), on all threads when W is big enough to repay the launch."""
+    if q.nbytes + s.nbytes >= parallel_min_bytes:
+        packed.matvec(q, s, code, x, out)
+    else:
+        packed.matvec_serial(q, s, code, x, out)
+
+
+@njit(cache=True, nogil=True)
+def products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
+    """oa, ob, oc = A x̂, B x̂, C x̂ for packed weights given as (q, s, code): one launch when the formats agree."""
+    big = a[0].nbytes + b[0].nbytes + c[0].nbytes >= parallel_min_bytes
+    if big and a[2] == b[2] and a[2] == c[2]:
+        packed.matvec_many((a[0], b[0], c[0]), (a[1], b[1], c[1]), a[2], x, (oa, ob, oc))
+    else:
+        product(a[0], a[1], a[2], x, oa, parallel_min_bytes)
+        product(b[0], b[1], b[2], x, ob, parallel_min_bytes)
+        product(c[0], c[1], c[2], x, oc, parallel_min_bytes)
+
+
+@njit(cache=True, nogil=True)
+def products2(a, b, x, oa, ob, parallel_min_bytes):
+    """oa, ob = A x̂, B x̂ for packed weights given as (q, s, code): one launch when the formats agree."""
+    if a[0].nbytes + b[0].nbytes >= parallel_min_bytes and a[2] == b[2]:
+        packed.matvec_many((a[0], b[0]), (a[1], b[1]), a[2], x, (oa, ob))
+    else:
+        product(a[0], a[1], a[2], x, oa, parallel_min_bytes)
+        product(b[0], b[1], b[2], x, ob, parallel_min_bytes)
+
+
+@njit(cache=True, nogil=True)
+def add_bias(y, b):
+    if b.shape[0]:
+        for i in range(y.shape[0]):
+            y[i] += b[i]
+
+
+@njit(cache=True, nogil=True)
+def layer(
+    x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, cos, sin, shape, eps, parallel_min_bytes
+):
+    """x (d,) float32, in place: one token at position pos through a pre-norm RMSNorm/RoPE/SwiGLU layer.
+
+    norms: (attn_norm, ffn_norm), each (d,). w*: packed weights as (q, s, code). biases: (bq, bk, bv), empty
+    arrays when the layer has none. kc, vc (n_kv, n_ctx, hd): the layer's cache as float16 bit patterns
+    (uint16); position pos is written.
+    cos, sin (rope_dim/2,): this position's rotation. shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff).
+    """
+    n_head, n_kv, hd, rope_dim, neox, d_ff = shape
+    d = x.shape[0]
+    h = np.empty(d, dtype=np.float32)
+    q = np.empty(n_head * hd, dtype=np.float32)  # (n_head·hd,)
+    k = np.empty(n_kv * hd, dtype=np.float32)  # (n_kv·hd,)
+    v = np.empty(n_kv * hd, dtype=np.float32)
+
+    # attention
+    rms_norm(x, norms[0], eps, h)
+    products3(wq, wk, wv, h, q, k, v, parallel_min_bytes)
+    add_bias(q, biases[0])
+    add_bias(k, biases[1])
+    add_bias(v, biases[2])
+    rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
+    rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
+    round_to_half(q)
+    for j in range(n_kv):
+        for i in range(hd):
+            kc[j, pos, i] = float_to_half(k[j * hd + i])
+            vc[j, pos, i] = float_to_half(v[j * hd + i])
+    a = np.empty(n_head * hd, dtype=np.float32)
+    attend_one(q, kc, vc, pos + 1, n_head, a)
+    product(wo[0], wo[1], wo[2], a, h, parallel_min_bytes)
+    for i in range(d):
+        x[i] += h[i]
+
+    # feed-forward
+    rms_norm(x, norms[1], eps, h)
+    gate = np.empty(d_ff, dtype=np.float32)
+    up = np.empty(d_ff, dtype=np.float32)
+    products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
+    for i in range(d_ff):
+        g = gate[i]
+        gate[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
+    product(w_down[0], w_down[1], w_down[2], gate, h, parallel_min_bytes)
+    for i in range(d):
+        x[i] += h[i]
