@@ -17,8 +17,9 @@ Products quantize x per 32 values to int8 first, as llama.cpp does (`quantize_ro
 x̂ = dx * xq with dx = max|x| / 127, xq = round(x / dx). Each block's dot is then an exact integer sum, scaled
 in float32. `matvec` computes W @ x̂, so it differs from W @ x by at most sum_b (max|x_b| / 254) * |W_row,b|_1.
 The drivers (`matvec`, `matvec_serial`, `matvec_many`, `matmul`) run simd.py's block kernels through
-`group_simd`; `matvec_reference` runs the same arithmetic as plain loops (`group_*` below): the readable
-statement of each format, against which the tests check simd.py.
+`group_simd` (one token) and `group_simd_tile` (simd.TILE tokens sharing each decode of the weights: prefill);
+`matvec_reference` runs the same arithmetic as plain loops (`group_*` below): the readable statement of each
+format, against which the tests check simd.py.
 
 Per format (raw block layout -> q bytes, s fields):
   Q4_0  18 B: d | qs[16]              q = qs[16]                        s = d
@@ -42,6 +43,8 @@ from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
 LANES = simd.LANES  # rows per chunk: one register of byte pairs
+TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
+PER_ITEM = 16  # tokens per parallel item of `matmul`: a multiple of TILE
 
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {
@@ -150,6 +153,16 @@ def quantize_into(x, xq, dx, xsum):
                 t += np.int32(xq[b, h * 16 + j])
             xsum[b, h] = t
         dx[b] = d
+
+
+@njit(inline="always", cache=True, nogil=True)
+def double_pairs(xq, xq2):
+    """xq int8 (n/32, 32) -> xq2 (n/32, 64): every byte pair twice, so that one 32-bit load broadcasts a pair."""
+    for b in range(xq.shape[0]):
+        for p in range(16):
+            for k in range(2):
+                xq2[b, 4 * p + k] = xq[b, 2 * p + k]
+                xq2[b, 4 * p + 2 + k] = xq[b, 2 * p + k]
 
 
 # ---- one group of ROWS rows, per format -----------------------------------------------------------------
@@ -348,6 +361,52 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
             simd.block_q6_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
 
 
+@njit(cache=True, nogil=True)
+def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
+    """acc (TILE, ROWS) = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens i0 <= i < i0 + TILE (prefill).
+
+    xq2 (t, n/32, 64) int8: every token's xq with each byte pair written twice (`double_pairs`); dx (t, n/32),
+    xsum (t, n/32, 2) as from quantize_x. The tile kernels decode each block's bytes once for all TILE tokens;
+    each token's result is group_simd's for that token, bit for bit.
+    """
+    acc[:] = 0
+    nb = q.shape[1]
+    qstep = q.shape[2] * q.shape[3] * q.shape[4] * 2  # bytes per block of the group
+    sstep = s.shape[2] * ROWS
+    qf = q.reshape(-1)
+    sf = s.reshape(-1)
+    xf = xq2.reshape(-1)
+    dxf = dx.reshape(-1)
+    xsf = xsum.reshape(-1)
+    af = acc.reshape(-1)
+    q0 = g * nb * qstep
+    s0 = g * nb * sstep
+    nx = dx.shape[1]  # 32-blocks of x per token
+    n = nx * 32  # values per token
+    x0 = i0 * n
+    b0 = i0 * nx  # token i0's first 32-block in dx, xsum
+    if code == Q4_0:
+        for b in range(nb):
+            simd.block_q4_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q4_1:
+        for b in range(nb):
+            simd.block_q4_1_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q5_0:
+        for b in range(nb):
+            simd.block_q5_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q8_0:
+        for b in range(nb):
+            simd.block_q8_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q4_K:
+        for b in range(nb):
+            so = s0 + b * sstep
+            simd.block_q4_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+    elif code == Q6_K:
+        for b in range(nb):
+            so = s0 + b * sstep
+            simd.block_q6_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+
+
 # ---- drivers --------------------------------------------------------------------------------------------
 
 
@@ -391,27 +450,38 @@ def matvec_reference(q, s, code, x, out):
 def matmul(q, s, code, xs, out):
     """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill).
 
-    A parallel item is one row group for up to 16 tokens: its weights come from memory once and from cache
-    for the other tokens, so nothing is dequantized and the cost per token is that of a cached matvec.
+    A parallel item is one row group for up to PER_ITEM tokens: its weights come from memory once and from
+    cache for the other tokens. They run TILE tokens at a time through group_simd_tile, which decodes the
+    weight bytes once per tile, and the last t % TILE one by one through group_simd; either way each token's
+    row of out equals `matvec` of it, bit for bit.
     """
     t, n = xs.shape
     nb = n // 32
     xq = np.empty((t, nb, 32), dtype=np.int8)
     dx = np.empty((t, nb), dtype=np.float32)
     xsum = np.empty((t, nb, 2), dtype=np.int32)
+    xq2 = np.empty((t, nb, 64), dtype=np.int8)
     for i in prange(t):
         quantize_into(xs[i], xq[i], dx[i], xsum[i])
+        double_pairs(xq[i], xq2[i])
     d = out.shape[1]
-    per = 16
-    n_tok = (t + per - 1) // per
+    n_tok = (t + PER_ITEM - 1) // PER_ITEM
     for item in prange(q.shape[0] * n_tok):
         g = item // n_tok
-        t0 = (item % n_tok) * per
-        acc = np.empty(ROWS, dtype=np.float32)
-        for i in range(t0, min(t, t0 + per)):
-            group_simd(q, s, code, g, xq[i], dx[i], xsum[i], acc)
-            for r in range(min(ROWS, d - g * ROWS)):
-                out[i, g * ROWS + r] = acc[r]
+        t0 = (item % n_tok) * PER_ITEM
+        t1 = min(t, t0 + PER_ITEM)
+        rows = min(ROWS, d - g * ROWS)
+        acc = np.empty((TILE, ROWS), dtype=np.float32)
+        t_tiled = t0 + (t1 - t0) // TILE * TILE
+        for i in range(t0, t_tiled, TILE):
+            group_simd_tile(q, s, code, g, xq2, dx, xsum, i, acc)
+            for k in range(TILE):
+                for r in range(rows):
+                    out[i + k, g * ROWS + r] = acc[k, r]
+        for i in range(t_tiled, t1):
+            group_simd(q, s, code, g, xq[i], dx[i], xsum[i], acc[0])
+            for r in range(rows):
+                out[i, g * ROWS + r] = acc[0, r]
 
 
 @njit(parallel=True, cache=True, nogil=True)

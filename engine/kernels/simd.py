@@ -15,6 +15,10 @@ adds its float32 results to `acc` (ROWS,). Arguments are flat arrays and element
     xq    int8    flat quantized activations; xo: offset of this block's first value
     dx    float32 activation scales per 32; xsum int32 (n/32, 2) flat: sums of xq per 16; xb: first 32-block
 
+Prefill runs the `_tile` variants: TILE tokens per call, each block's bytes loaded and decoded once for all of
+them (xq then holds every activation pair twice, so a pair is one 32-bit broadcast load; see `xpair`), each
+token's results bit for bit those of the one-token kernel.
+
 Integer sums are exact; the bounds that keep the 16-bit partial sums from saturating are noted at each kernel.
 The AVX2 instructions are used when the compile target has AVX2; elsewhere the same arithmetic is emitted as
 plain vector IR (exact too, slower).
@@ -23,6 +27,7 @@ plain vector IR (exact too, slower).
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from llvmlite import ir
 from numba import types
@@ -56,6 +61,16 @@ def _vt(elt: ir.Type, n: int) -> ir.VectorType:
 
 def _splat_const(elt: ir.Type, n: int, value) -> ir.Constant:
     return ir.Constant(_vt(elt, n), [value] * n)
+
+
+@dataclass(frozen=True)
+class _Token:
+    """Where one token's operands are: xo, xb as in the module docstring, ao the offset of its ROWS results in acc."""
+
+    xo: ir.Value
+    xb: ir.Value
+    ao: int
+    doubled: bool = False  # xq holds every pair twice (`xpair`)
 
 
 class _Emitter:
@@ -123,6 +138,18 @@ class _Emitter:
         p = self.b.bitcast(self.b.gep(xq, [off]), I16.as_pointer())
         return self.b.bitcast(self.splat(self.b.load(p, align=1), LANES), _vt(I8, 2 * LANES))
 
+    def xpair(self, xq, tok: _Token, k: int):
+        """Token tok's activation pair (k, k + 1) of its block, repeated for 16 rows: <32 x i8>.
+
+        With tok.doubled, xq holds each pair twice (4 bytes, value k at byte 2k) and one 32-bit broadcast
+        load fetches it: no shuffle, as the 16-bit broadcast of `pair` takes.
+        """
+        off = self.at(tok.xo, k)
+        if not tok.doubled:
+            return self.pair(xq, off)
+        p = self.b.bitcast(self.b.gep(xq, [self.b.mul(off, ir.Constant(I64, 2))]), I32.as_pointer())
+        return self.b.bitcast(self.splat(self.b.load(p, align=1), LANES // 2), _vt(I8, 2 * LANES))
+
     def nibbles(self, v, high: bool):
         """Low or high nibble of every byte of v <32 x i8>."""
         if high:  # no byte shift on x86: shift the 16-bit lanes, then mask
@@ -171,6 +198,26 @@ class _Emitter:
             self.b.mul(self.b.sext(self.shuffle(a, odd), t32), self.b.sext(self.shuffle(x, odd), t32)),
         )
 
+    def by_parity(self, v16):
+        """<16 x i16> per-row factors -> (even rows', odd rows'), the other lanes zeroed: for `scaled_sums`."""
+        z = _splat_const(I16, LANES, 0)
+        even = [r if r % 2 == 0 else LANES + r for r in range(LANES)]
+        odd = [LANES + r if r % 2 == 0 else r for r in range(LANES)]
+        sel = self.b.shuffle_vector
+        return sel(v16, z, ir.Constant(_vt(I32, LANES), even)), sel(v16, z, ir.Constant(_vt(I32, LANES), odd))
+
+    def scaled_sums(self, acc16, factor):
+        """acc16 <16 x i16> times a per-row factor (`by_parity`), widened: <16 x i32> in parity order.
+
+        Parity order holds rows 0, 2, ..., 14, then 1, 3, ..., 15: pmaddwd multiplies and widens in one
+        instruction, against the three of a widening alone. `from_parity` restores row order.
+        """
+        return self.concat(self.pmaddwd(acc16, factor[0]), self.pmaddwd(acc16, factor[1]))
+
+    def from_parity(self, v):
+        """<16 x ...> in parity order -> row order."""
+        return self.shuffle(v, [r // 2 + (LANES // 2) * (r % 2) for r in range(LANES)])
+
     def widen(self, v16):
         return self.b.sext(v16, _vt(I32, LANES))
 
@@ -188,8 +235,9 @@ class _Emitter:
     def to_float(self, i32v):
         return self.b.sitofp(i32v, _vt(F32, LANES))
 
-    def add_to_acc(self, acc, c, v):
-        off = self.b.mul(c, ir.Constant(I64, LANES))
+    def add_to_acc(self, acc, tok: _Token, c, v):
+        """acc[tok.ao + 16c : tok.ao + 16c + 16] += v."""
+        off = self.at(self.b.mul(c, ir.Constant(I64, LANES)), tok.ao)
         self.store(acc, off, self.b.fadd(self.load(acc, off, F32, LANES), v))
 
 
@@ -207,120 +255,101 @@ def _xsum32(e: _Emitter, xsum, xb):
     return e.b.add(e.load_scalar(xsum, i), e.load_scalar(xsum, e.at(i, 1)))
 
 
+# Each kernel below is written once, for a list of tokens: the weight bytes of a chunk are loaded and decoded
+# once and multiplied with every token's activations, each token adding into its own integer sums and then its
+# own acc row. The float operations of one token are the same, in the same order, for any number of tokens,
+# so the multi-token kernels give the single-token results bit for bit.
+#
+# YMM registers (16 on AVX2) bound the tile: a token holds one or two 16-bit accumulators and one 32-bit one
+# (two registers) live in the inner loop, besides the decoded bytes and the masks. TILE = 4 measured faster
+# than 2 for every format (Zen 3); so did 4 tokens sharing one decode for Q4_K and Q6_K, against two passes of 2.
+
+
 # ---- Q4_0, Q4_1: 16 bytes, 8 pairs; value = nibble (- 8 for Q4_0) --------------------------------------
 # Each pmaddubsw sums 2 products <= 15 * 127; 8 pairs per accumulator: <= 30480, no saturation.
 
 
-def _q4_sums(e: _Emitter, q, qo, xq, xo, c):
-    """Per row of chunk c: sum over the block of nibble * xq, as <16 x i32>."""
-    acc_lo, acc_hi = _zero16(), _zero16()
-    for jp in range(8):  # byte pair (2jp, 2jp+1): low nibbles are values 2jp.., high ones 16 + 2jp..
-        v = e.qpair(q, qo, c, jp)
-        acc_lo = e.b.add(acc_lo, e.maddubs(e.nibbles(v, False), e.pair(xq, e.at(xo, 2 * jp))))
-        acc_hi = e.b.add(acc_hi, e.maddubs(e.nibbles(v, True), e.pair(xq, e.at(xo, 16 + 2 * jp))))
-    return e.b.add(e.widen(acc_lo), e.widen(acc_hi))
-
-
-def _block_q4(context, builder, signature, args, with_min: bool):
-    e = _Emitter(context, builder, signature, args, 16)
-    q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+def _emit_q4(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token], with_min: bool) -> None:
     b = e.b
-    d_x = e.fsplat(e.load_scalar(dx, xb))
-    total = _xsum32(e, xsum, xb)
+    d_x = [e.fsplat(e.load_scalar(dx, t.xb)) for t in toks]
+    total = [_xsum32(e, xsum, t.xb) for t in toks]
     if with_min:  # the min term: m * sum(x̂)
-        sx = e.fsplat(b.fmul(e.load_scalar(dx, xb), b.sitofp(total, F32)))
+        sx = [e.fsplat(b.fmul(e.load_scalar(dx, t.xb), b.sitofp(tot, F32))) for t, tot in zip(toks, total, strict=True)]
     else:  # every value is nibble - 8
-        offset = e.splat(b.mul(total, ir.Constant(I32, 8)), LANES)
+        offset = [e.splat(b.mul(tot, ir.Constant(I32, 8)), LANES) for tot in total]
     with e.chunks() as c:
-        isum = _q4_sums(e, q, qo, xq, xo, c)
-        if not with_min:
-            isum = b.sub(isum, offset)
-        part = b.fmul(e.halves(s, e.rows(so, c)), b.fmul(d_x, e.to_float(isum)))
-        if with_min:
-            part = b.fadd(part, b.fmul(e.halves(s, e.rows(so, c, 1)), sx))
-        e.add_to_acc(acc, c, part)
-    return context.get_dummy_value()
-
-
-def _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    return types.void(q, qo, s, so, xq, xo, dx, xsum, xb, acc)
-
-
-@intrinsic
-def block_q4_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q4_0 block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), lambda c, b, sg, a: _block_q4(c, b, sg, a, False)
-
-
-@intrinsic
-def block_q4_1(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q4_1 block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), lambda c, b, sg, a: _block_q4(c, b, sg, a, True)
+        acc_lo, acc_hi = [_zero16()] * len(toks), [_zero16()] * len(toks)
+        for jp in range(8):  # byte pair (2jp, 2jp+1): low nibbles are values 2jp.., high ones 16 + 2jp..
+            v = e.qpair(q, qo, c, jp)
+            lo, hi = e.nibbles(v, False), e.nibbles(v, True)
+            for i, t in enumerate(toks):
+                acc_lo[i] = b.add(acc_lo[i], e.maddubs(lo, e.xpair(xq, t, 2 * jp)))
+                acc_hi[i] = b.add(acc_hi[i], e.maddubs(hi, e.xpair(xq, t, 16 + 2 * jp)))
+        d = e.halves(s, e.rows(so, c))
+        m = e.halves(s, e.rows(so, c, 1)) if with_min else None
+        for i, t in enumerate(toks):
+            isum = b.add(e.widen(acc_lo[i]), e.widen(acc_hi[i]))  # (16,) i32: per row, nibble . xq
+            if not with_min:
+                isum = b.sub(isum, offset[i])
+            part = b.fmul(d, b.fmul(d_x[i], e.to_float(isum)))
+            if with_min:
+                part = b.fadd(part, b.fmul(m, sx[i]))
+            e.add_to_acc(acc, t, c, part)
 
 
 # ---- Q5_0: nibbles plus a fifth bit from s[1] (values 0-15) and s[2] (16-31) ----------------------------
 # s[1], s[2] hold qh's bits reordered at packing: low byte = bits of the even values, high byte = odd ones,
-# so bit jp of each byte belongs to byte pair jp. Values <= 31: pmaddubsw pairs <= 7874, 4 pairs per 16-bit
-# accumulator (<= 31496), then widened.
+# so bit jp of each byte belongs to byte pair jp. Values <= 31: pmaddubsw pairs <= 7874, 2 byte pairs (4
+# pmaddubsw) per 16-bit accumulator (<= 31496), then widened.
 
 
-def _block_q5_0(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args, 16)
-    q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+def _emit_q5_0(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
     b = e.b
-    d_x = e.fsplat(e.load_scalar(dx, xb))
-    offset = e.splat(b.mul(_xsum32(e, xsum, xb), ir.Constant(I32, 16)), LANES)  # every value is v - 16
+    d_x = [e.fsplat(e.load_scalar(dx, t.xb)) for t in toks]
+    offset = [e.splat(b.mul(_xsum32(e, xsum, t.xb), ir.Constant(I32, 16)), LANES) for t in toks]  # values v - 16
     with e.chunks() as c:
         h_lo = e.load(s, e.rows(so, c, 1), I16, LANES)
         h_hi = e.load(s, e.rows(so, c, 2), I16, LANES)
-        isum = _zero32()
-        acc_lo, acc_hi = _zero16(), _zero16()
+        isum = [_zero32()] * len(toks)
+        acc16 = [_zero16()] * len(toks)
         for jp in range(8):
             v = e.qpair(q, qo, c, jp)
             lo = b.or_(e.nibbles(v, False), e.bits16(h_lo, 4 - jp, 0x1010))
             hi = b.or_(e.nibbles(v, True), e.bits16(h_hi, 4 - jp, 0x1010))
-            acc_lo = b.add(acc_lo, e.maddubs(lo, e.pair(xq, e.at(xo, 2 * jp))))
-            acc_hi = b.add(acc_hi, e.maddubs(hi, e.pair(xq, e.at(xo, 16 + 2 * jp))))
-            if jp % 4 == 3:
-                isum = b.add(isum, b.add(e.widen(acc_lo), e.widen(acc_hi)))
-                acc_lo, acc_hi = _zero16(), _zero16()
-        isum = b.sub(isum, offset)
-        e.add_to_acc(acc, c, b.fmul(e.halves(s, e.rows(so, c)), b.fmul(d_x, e.to_float(isum))))
-    return context.get_dummy_value()
-
-
-@intrinsic
-def block_q5_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q5_0 block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), _block_q5_0
+            for i, t in enumerate(toks):
+                acc16[i] = b.add(acc16[i], e.maddubs(lo, e.xpair(xq, t, 2 * jp)))
+                acc16[i] = b.add(acc16[i], e.maddubs(hi, e.xpair(xq, t, 16 + 2 * jp)))
+                if jp % 2 == 1:
+                    isum[i] = b.add(isum[i], e.widen(acc16[i]))
+                    acc16[i] = _zero16()
+        d = e.halves(s, e.rows(so, c))
+        for i, t in enumerate(toks):
+            e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x[i], e.to_float(b.sub(isum[i], offset[i])))))
 
 
 # ---- Q8_0: 32 signed bytes, 16 pairs; pmaddwd on bytes widened to 16 bits ------------------------------
 
 
-def _block_q8_0(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args, 32)
-    q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+def _emit_q8_0(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
     b = e.b
-    d_x = e.fsplat(e.load_scalar(dx, xb))
-    xpairs = [b.sext(e.pair(xq, e.at(xo, 2 * jp)), _vt(I16, 2 * LANES)) for jp in range(16)]
-    xpairs = [e.shuffle(p, list(range(16))) for p in xpairs]  # the pattern repeats: 8 rows' worth is enough
+    d_x = [e.fsplat(e.load_scalar(dx, t.xb)) for t in toks]
+    # per token, the 16 pairs widened; the pattern repeats, so 8 rows' worth (<16 x i16>) is enough
+    xpairs = [
+        [e.shuffle(b.sext(e.xpair(xq, t, 2 * jp), _vt(I16, 2 * LANES)), list(range(16))) for jp in range(16)]
+        for t in toks
+    ]
     with e.chunks() as c:
-        sums = [_splat_const(I32, 8, 0), _splat_const(I32, 8, 0)]
+        sums = [[_splat_const(I32, 8, 0), _splat_const(I32, 8, 0)] for _ in toks]
         for jp in range(16):
             v = b.sext(e.qpair(q, qo, c, jp), _vt(I16, 2 * LANES))
-            for h in range(2):  # rows 0-7 and 8-15 of the chunk
-                part = e.shuffle(v, list(range(16 * h, 16 * h + 16)))
-                sums[h] = b.add(sums[h], e.pmaddwd(part, xpairs[jp]))
-        isum = e.concat(sums[0], sums[1])
-        e.add_to_acc(acc, c, b.fmul(e.halves(s, e.rows(so, c)), b.fmul(d_x, e.to_float(isum))))
-    return context.get_dummy_value()
-
-
-@intrinsic
-def block_q8_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q8_0 block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), _block_q8_0
+            parts = [e.shuffle(v, list(range(16 * h, 16 * h + 16))) for h in range(2)]  # rows 0-7, 8-15
+            for i in range(len(toks)):
+                for h in range(2):
+                    sums[i][h] = b.add(sums[i][h], e.pmaddwd(parts[h], xpairs[i][jp]))
+        d = e.halves(s, e.rows(so, c))
+        for i, t in enumerate(toks):
+            isum = e.concat(sums[i][0], sums[i][1])
+            e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x[i], e.to_float(isum))))
 
 
 # ---- Q4_K: 256 values; qs[128] (pairs 0-63), scales[8] (pairs 64-67), mins[8] (pairs 68-71) -------------
@@ -328,65 +357,58 @@ def block_q8_0(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
 # (<= 30480), then widened.
 
 
-def _block_q4_k(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args, 144)
-    q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+def _emit_q4_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
     b = e.b
     with e.chunks() as c:
-        fd = _splat_const(F32, LANES, 0.0)
-        fm = _splat_const(F32, LANES, 0.0)
-        for i in range(4):  # sub-blocks 2i (low nibbles) and 2i + 1 (high)
-            isum = [_zero32(), _zero32()]
-            for half in range(2):
-                acc16 = [_zero16(), _zero16()]
-                for pp in range(8):
-                    v = e.qpair(q, qo, c, i * 16 + half * 8 + pp)
-                    ll = 2 * (half * 8 + pp)
-                    for hi in range(2):
-                        x = e.pair(xq, e.at(xo, (2 * i + hi) * 32 + ll))
-                        acc16[hi] = b.add(acc16[hi], e.maddubs(e.nibbles(v, bool(hi)), x))
-                isum = [b.add(isum[k], e.widen(acc16[k])) for k in range(2)]
+        fd = [_splat_const(F32, LANES, 0.0)] * len(toks)  # in parity order (`scaled_sums`)
+        for i in range(4):
             sc = e.even_odd_bytes(e.qpair(q, qo, c, 64 + i))
-            mn = e.even_odd_bytes(e.qpair(q, qo, c, 68 + i))
-            for hi in range(2):
-                blk = e.at(xb, 2 * i + hi)
-                d_x = e.load_scalar(dx, blk)
-                scale = b.zext(sc[hi], _vt(I32, LANES))
-                fd = b.fadd(fd, b.fmul(e.fsplat(d_x), e.to_float(b.mul(scale, isum[hi]))))
-                sx = b.fmul(d_x, b.sitofp(_xsum32(e, xsum, blk), F32))
-                fm = b.fadd(fm, b.fmul(b.uitofp(mn[hi], _vt(F32, LANES)), e.fsplat(sx)))
+            for hi in range(2):  # sub-block 2i + hi: the low nibbles of bytes 32i.., then the high ones
+                scale = e.by_parity(b.zext(sc[hi], _vt(I16, LANES)))
+                isum = [_zero32()] * len(toks)  # scale * (nibbles . xq): <= 63 * 60960
+                for half in range(2):
+                    acc16 = [_zero16()] * len(toks)
+                    for pp in range(8):
+                        nib = e.nibbles(e.qpair(q, qo, c, i * 16 + half * 8 + pp), bool(hi))
+                        ll = 2 * (half * 8 + pp)
+                        for k, t in enumerate(toks):
+                            acc16[k] = b.add(acc16[k], e.maddubs(nib, e.xpair(xq, t, (2 * i + hi) * 32 + ll)))
+                    isum = [b.add(isum[k], e.scaled_sums(acc16[k], scale)) for k in range(len(toks))]
+                for k, t in enumerate(toks):
+                    d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, 2 * i + hi)))
+                    fd[k] = b.fadd(fd[k], b.fmul(d_x, e.to_float(isum[k])))
         d = e.halves(s, e.rows(so, c))
         dmin = e.halves(s, e.rows(so, c, 1))
-        e.add_to_acc(acc, c, b.fsub(b.fmul(d, fd), b.fmul(dmin, fm)))
-    return context.get_dummy_value()
-
-
-@intrinsic
-def block_q4_k(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q4_K super-block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), _block_q4_k
+        mins = [e.even_odd_bytes(e.qpair(q, qo, c, 68 + i)) for i in range(4)]
+        for k, t in enumerate(toks):
+            fm = _splat_const(F32, LANES, 0.0)  # the mins against the sums of x̂
+            for i in range(4):
+                for hi in range(2):
+                    blk = e.at(t.xb, 2 * i + hi)
+                    sx = b.fmul(e.load_scalar(dx, blk), b.sitofp(_xsum32(e, xsum, blk), F32))
+                    fm = b.fadd(fm, b.fmul(b.uitofp(mins[i][hi], _vt(F32, LANES)), e.fsplat(sx)))
+            e.add_to_acc(acc, t, c, b.fsub(b.fmul(d, e.from_parity(fd[k])), b.fmul(dmin, fm)))
 
 
 # ---- Q6_K: 256 values; ql[128] (pairs 0-63), qh[64] (pairs 64-95), int8 scales[16] (pairs 96-103) -------
 # Value n*128 + 32k + l (n < 2, k < 4, l < 32): low 4 bits = nibble k // 2 of ql[64n + 32(k % 2) + l], high 2
 # bits = bits 2k of qh[32n + l], minus 32; scale n*8 + 2k + l // 16. Values <= 63: pmaddubsw pairs <= 16002,
-# 2 pairs per 16-bit accumulator (<= 32004), then widened.
+# 2 pairs per 16-bit accumulator (<= 32004), then scaled and widened (|scale * sum| <= 128 * 128016).
 
 
-def _block_q6_k(context, builder, signature, args):
-    e = _Emitter(context, builder, signature, args, 208)
-    q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+def _emit_q6_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
     b = e.b
     with e.chunks() as c:
-        fd = _splat_const(F32, LANES, 0.0)
-        scales = [e.even_odd_bytes(e.qpair(q, qo, c, 96 + p)) for p in range(8)]
+        fd = [_splat_const(F32, LANES, 0.0)] * len(toks)  # in parity order (`scaled_sums`)
         for n in range(2):
             for k in range(4):
-                blk = e.at(xb, n * 4 + k)
-                d_x = e.fsplat(e.load_scalar(dx, blk))
                 for h in range(2):  # 16-value runs with their own scale
-                    isum = _zero32()
-                    acc16 = _zero16()
+                    j = n * 8 + 2 * k + h  # scale index
+                    sc16 = b.sext(e.even_odd_bytes(e.qpair(q, qo, c, 96 + j // 2))[j % 2], _vt(I16, LANES))
+                    scale = e.by_parity(sc16)
+                    scale32 = e.by_parity(b.mul(sc16, _splat_const(I16, LANES, 32)))  # |32 * scale| <= 4096
+                    isum = [_zero32()] * len(toks)
+                    acc16 = [_zero16()] * len(toks)
                     for pp in range(8):
                         ll = h * 16 + 2 * pp
                         lp = (64 * n + 32 * (k % 2) + ll) // 2
@@ -394,25 +416,92 @@ def _block_q6_k(context, builder, signature, args):
                         lo = e.qpair(q, qo, c, lp)
                         hb = e.qpair16(q, qo, c, hp)
                         v = b.or_(e.nibbles(lo, k >= 2), e.bits16(hb, 4 - 2 * k, 0x3030))
-                        acc16 = b.add(acc16, e.maddubs(v, e.pair(xq, e.at(xo, (4 * n + k) * 32 + ll))))
-                        if pp % 2 == 1:
-                            isum = b.add(isum, e.widen(acc16))
-                            acc16 = _zero16()
-                    # the -32 of every value: 32 * sum(xq) over these 16
-                    off16 = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
-                    isum = b.sub(isum, e.splat(b.mul(off16, ir.Constant(I32, 32)), LANES))
-                    j = n * 8 + 2 * k + h  # scale index
-                    scale = b.sext(scales[j // 2][j % 2], _vt(I32, LANES))
-                    fd = b.fadd(fd, b.fmul(d_x, e.to_float(b.mul(scale, isum))))
-        e.add_to_acc(acc, c, b.fmul(e.halves(s, e.rows(so, c)), fd))
-    return context.get_dummy_value()
+                        for i, t in enumerate(toks):
+                            acc16[i] = b.add(acc16[i], e.maddubs(v, e.xpair(xq, t, (4 * n + k) * 32 + ll)))
+                            if pp % 2 == 1:
+                                isum[i] = b.add(isum[i], e.scaled_sums(acc16[i], scale))
+                                acc16[i] = _zero16()
+                    for i, t in enumerate(toks):
+                        blk = e.at(t.xb, n * 4 + k)
+                        # the -32 of every value: scale * 32 * sum(xq) over these 16 (|sum| <= 2032)
+                        off16 = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
+                        off = e.scaled_sums(e.splat(b.trunc(off16, I16), LANES), scale32)
+                        d_x = e.fsplat(e.load_scalar(dx, blk))
+                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.sub(isum[i], off))))
+        d = e.halves(s, e.rows(so, c))
+        for i, t in enumerate(toks):
+            e.add_to_acc(acc, t, c, b.fmul(d, e.from_parity(fd[i])))
 
 
-@intrinsic
-def block_q6_k(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
-    """acc += W[group] @ x̂ over one Q6_K super-block."""
-    return _sig(q, qo, s, so, xq, xo, dx, xsum, xb, acc), _block_q6_k
+# ---- the intrinsics -------------------------------------------------------------------------------------
+# block_<type>(q, qo, s, so, xq, xo, dx, xsum, xb, acc): acc (ROWS,) += W[group] @ x̂ over one block, one token.
+# block_<type>_tile(q, qo, s, so, xq, xo, xstep, dx, xsum, xb, bstep, acc): the same for TILE tokens at once,
+# token t's operands at xo + t*xstep (xq) and xb + t*bstep (dx, xsum), its results in acc[t*ROWS : (t+1)*ROWS].
 
+TILE = 4  # tokens per multi-token kernel call
+
+
+def _one(name: str, emit, qb: int, doc: str):
+    def codegen(context, builder, signature, args):
+        e = _Emitter(context, builder, signature, args, qb)
+        q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
+        emit(e, q, qo, s, so, xq, dx, xsum, acc, [_Token(xo, xb, 0)])
+        return context.get_dummy_value()
+
+    def kernel(typingctx, q, qo, s, so, xq, xo, dx, xsum, xb, acc):
+        return types.void(q, qo, s, so, xq, xo, dx, xsum, xb, acc), codegen
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
+    return intrinsic(kernel)
+
+
+def _tile(name: str, emit, qb: int, doc: str):
+    def codegen(context, builder, signature, args):
+        e = _Emitter(context, builder, signature, args, qb)
+        q, qo, s, so, xq, xo, xstep, dx, xsum, xb, bstep, acc = e.vals
+        b = e.b
+        toks = [
+            _Token(
+                b.add(xo, b.mul(xstep, ir.Constant(I64, t))),
+                b.add(xb, b.mul(bstep, ir.Constant(I64, t))),
+                t * ROWS,
+                True,
+            )
+            for t in range(TILE)
+        ]
+        emit(e, q, qo, s, so, xq, dx, xsum, acc, toks)
+        return context.get_dummy_value()
+
+    def kernel(typingctx, q, qo, s, so, xq, xo, xstep, dx, xsum, xb, bstep, acc):
+        return types.void(q, qo, s, so, xq, xo, xstep, dx, xsum, xb, bstep, acc), codegen
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = doc
+    return intrinsic(kernel)
+
+
+def _emit_q4_0(e: _Emitter, *args) -> None:
+    _emit_q4(e, *args, with_min=False)
+
+
+def _emit_q4_1(e: _Emitter, *args) -> None:
+    _emit_q4(e, *args, with_min=True)
+
+
+block_q4_0 = _one("block_q4_0", _emit_q4_0, 16, "acc += W[group] @ x̂ over one Q4_0 block.")
+block_q4_1 = _one("block_q4_1", _emit_q4_1, 16, "acc += W[group] @ x̂ over one Q4_1 block.")
+block_q5_0 = _one("block_q5_0", _emit_q5_0, 16, "acc += W[group] @ x̂ over one Q5_0 block.")
+block_q8_0 = _one("block_q8_0", _emit_q8_0, 32, "acc += W[group] @ x̂ over one Q8_0 block.")
+block_q4_k = _one("block_q4_k", _emit_q4_k, 144, "acc += W[group] @ x̂ over one Q4_K super-block.")
+block_q6_k = _one("block_q6_k", _emit_q6_k, 208, "acc += W[group] @ x̂ over one Q6_K super-block.")
+
+block_q4_0_tile = _tile("block_q4_0_tile", _emit_q4_0, 16, "block_q4_0 for TILE tokens at once.")
+block_q4_1_tile = _tile("block_q4_1_tile", _emit_q4_1, 16, "block_q4_1 for TILE tokens at once.")
+block_q5_0_tile = _tile("block_q5_0_tile", _emit_q5_0, 16, "block_q5_0 for TILE tokens at once.")
+block_q8_0_tile = _tile("block_q8_0_tile", _emit_q8_0, 32, "block_q8_0 for TILE tokens at once.")
+block_q4_k_tile = _tile("block_q4_k_tile", _emit_q4_k, 144, "block_q4_k for TILE tokens at once.")
+block_q6_k_tile = _tile("block_q6_k_tile", _emit_q6_k, 208, "block_q6_k for TILE tokens at once.")
 
 BLOCK_KERNELS = {
     Q4_0: block_q4_0,

@@ -238,6 +238,26 @@ def test_prefill_many_tokens_equals_decode_per_token(qtype: T) -> None:
     check_int8_matvec(w, ref, xs[-1], got[-1])
 
 
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
+    """matmul decodes each block once for packed.TILE tokens: every token's row must be matvec's, bit for bit.
+
+    Token counts around the tile (1, 3, 5, 17) leave tails for the single-token kernels, and row counts that
+    are not multiples of the group size leave a zero-padded last group.
+    """
+    rng = np.random.default_rng(int(qtype) + 400)
+    cols = 512
+    for rows in (70, 130):
+        w = WeightMatrix.from_raw("tiles", qtype, rows, cols, random_blocks(qtype, rows, cols, rng)).prepare()
+        p = w.packed
+        for n_tok in (1, 3, 5, 17):
+            xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
+            got = np.empty((n_tok, rows), dtype=np.float32)
+            packed.matmul(p.q, p.s, p.code, xs, got)  # directly: the wrapper sends one token to matvec
+            for i in range(n_tok):
+                np.testing.assert_array_equal(got[i], matvec(w, xs[i]), err_msg=f"{rows} rows, token {i}/{n_tok}")
+
+
 def test_matvec_many_equals_separate_matvecs() -> None:
     rng = np.random.default_rng(11)
     cols = 512
@@ -307,9 +327,11 @@ def test_simd_kernels_match_the_reference_loops(qtype: T) -> None:
 
 
 def test_portable_vector_code_matches_the_avx2_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without AVX2 the kernels emit plain vector IR for pmaddubsw / pmaddwd: it must give the same results."""
+    """Without AVX2 the kernels emit plain vector IR for pmaddubsw / pmaddwd: it must give the same results,
+    for the single-token kernels (decode) and the multi-token ones (prefill) alike."""
     monkeypatch.setattr(simd, "HAVE_AVX2", False)
     group = numba.njit(packed.group_simd.py_func)  # compiled afresh, with the portable code
+    group_tile = numba.njit(packed.group_simd_tile.py_func)
 
     @numba.njit
     def portable_matvec(q, s, code, x, out):
@@ -320,12 +342,34 @@ def test_portable_vector_code_matches_the_avx2_code(monkeypatch: pytest.MonkeyPa
             for r in range(min(packed.ROWS, out.shape[0] - g * packed.ROWS)):
                 out[g * packed.ROWS + r] = acc[r]
 
+    @numba.njit
+    def portable_tile(q, s, code, xs, out):  # the first TILE tokens of xs
+        nb = xs.shape[1] // 32
+        xq = np.empty((packed.TILE, nb, 32), dtype=np.int8)
+        xq2 = np.empty((packed.TILE, nb, 64), dtype=np.int8)
+        dx = np.empty((packed.TILE, nb), dtype=np.float32)
+        xsum = np.empty((packed.TILE, nb, 2), dtype=np.int32)
+        for i in range(packed.TILE):
+            packed.quantize_into(xs[i], xq[i], dx[i], xsum[i])
+            packed.double_pairs(xq[i], xq2[i])
+        acc = np.empty((packed.TILE, packed.ROWS), dtype=np.float32)
+        for g in range(q.shape[0]):
+            group_tile(q, s, code, g, xq2, dx, xsum, 0, acc)
+            for i in range(packed.TILE):
+                for r in range(min(packed.ROWS, out.shape[1] - g * packed.ROWS)):
+                    out[i, g * packed.ROWS + r] = acc[i, r]
+
     for qtype in sorted(PACKED_TYPES):
         w, _, x = _packed_weight(qtype, 100, 512, int(qtype) + 300)
         p = w.packed
         out = np.empty(w.rows, dtype=np.float32)
         portable_matvec(p.q, p.s, p.code, x, out)
         np.testing.assert_array_equal(out, matvec(w, x), err_msg=qtype.name)
+        xs = np.random.default_rng(int(qtype)).standard_normal((packed.TILE, 512)).astype(np.float32)
+        outs = np.empty((packed.TILE, w.rows), dtype=np.float32)
+        portable_tile(p.q, p.s, p.code, xs, outs)
+        for i in range(packed.TILE):
+            np.testing.assert_array_equal(outs[i], matvec(w, xs[i]), err_msg=f"{qtype.name} token {i}")
 
 
 def test_float_products_switch_every_product_to_the_float_path() -> None:
