@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,10 +22,42 @@ from dataclasses import dataclass, field
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-# OpenMP threads that spin while idle (libgomp's default) take the CPU from the thread with work whenever the
-# machine is busy: measured here with other processes running, SmolLM2 decoded at 2.5 tok/s on 2 threads by
-# default and 25.8 with passive waiting (1 thread: 26.5). Read when libgomp loads, at the first parallel launch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Whether OpenMP threads spin between parallel launches, read by libgomp when it loads (at the first launch).
+# A token makes ~90 launches a few microseconds apart: on an idle machine, threads that spin a little catch the
+# next launch at once (SmolLM2 decode, 2 threads: 95-115 tok/s with GOMP_SPINCOUNT=50000, 73-80 with passive
+# waiting); on a busy one, spinning threads take the core from the thread with work (with one other process
+# busy: 34 tok/s spinning, 62 passive). So: spin briefly when the other cores are idle at start, else wait
+# passively. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+_SPIN_COUNT = "50000"
+
+
+def _busy_cores(interval: float = 0.05) -> float | None:
+    """Cores' worth of CPU time other processes used over `interval` seconds (Linux /proc/stat), or None."""
+
+    def sample() -> tuple[int, int, float, float]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle, time.process_time(), time.perf_counter()
+
+    try:
+        total0, idle0, own0, wall0 = sample()
+        time.sleep(interval)
+        total1, idle1, own1, wall1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    busy = (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / (total1 - total0))
+    return busy - (own1 - own0) / (wall1 - wall0)  # this process's own threads (a UI, say) do not count
+
+
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    _busy = _busy_cores()
+    if _busy is not None and _busy < 0.5:
+        os.environ["GOMP_SPINCOUNT"] = _SPIN_COUNT
+    else:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 from . import attention, cpu, decode, packed, pages  # noqa: E402
 from .blocks import F16_TABLE  # noqa: E402
@@ -354,21 +387,60 @@ def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) 
     """Queries at positions start.. over the cache up to each one's own position.
 
     q (t, n_head, hd); kc, vc (n_kv, n_ctx, hd) float16 -> (t, n_head·hd) float32. Query head h reads kv
-    head h // (n_head / n_kv). The two products go to BLAS, on one thread (see runtime.configure_threads: measured
-    here, splitting the heads over two Python threads gained nothing), the causal softmax to attention.py.
+    head h // (n_head / n_kv). Blocks of queries run in parallel, each with single-threaded BLAS products
+    (attention.attend_causal); without a usable BLAS sgemm, the same arithmetic runs here in NumPy.
     """
     t, n_head, hd = q.shape
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    fn = blas_sgemm_address()
+    if fn:
+        out = np.empty((t, n_head * hd), dtype=np.float32)
+        from numba import get_num_threads  # noqa: PLC0415 (after the OpenMP settings above)
+
+        threads = get_num_threads()
+        attention.attend_causal(fn, q, kc.view(np.uint16), vc.view(np.uint16), start, threads, out)
+        return out
     n_kv = kc.shape[0]
     group = n_head // n_kv
     n_pos = start + t
     qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(n_kv, group * t, hd)  # rows (g, i) per kv head
     out = np.empty((n_kv, group * t, hd), dtype=np.float32)  # (n_kv, group·t, hd)
-    scale = np.float32(1.0 / np.sqrt(hd))
     for kv in range(n_kv):
         scores = np.matmul(qg[kv], kc[kv, :n_pos].astype(np.float32).T)  # (group·t, n_pos)
-        attention.causal_softmax(scores, 0, t, start, scale)
+        attention.causal_softmax(scores, 0, t, start, np.float32(1.0 / np.sqrt(hd)))
         np.matmul(scores, vc[kv, :n_pos].astype(np.float32), out=out[kv])
     return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
+
+
+_SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # 64-bit-integer (ILP64) cblas_sgemm, as NumPy ships
+_sgemm_address: list[int] = []
+
+
+def blas_sgemm_address() -> int:
+    """Address of the cblas_sgemm in NumPy's own BLAS (found through threadpoolctl), or 0 when there is none
+    with 64-bit integers. Cached."""
+    if not _sgemm_address:
+        _sgemm_address.append(_find_sgemm())
+    return _sgemm_address[0]
+
+
+def _find_sgemm() -> int:
+    import ctypes
+
+    from threadpoolctl import threadpool_info
+
+    for info in threadpool_info():
+        if info.get("user_api") != "blas":
+            continue
+        try:
+            lib = ctypes.CDLL(info["filepath"])
+        except OSError:
+            continue
+        for name in _SGEMM_SYMBOLS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+    return 0
 
 
 def float_products_active() -> bool:

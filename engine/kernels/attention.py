@@ -1,5 +1,5 @@
-"""Attention over the KV cache, compiled: one query per head (decode), and the causal softmax of a block of
-queries (prefill, whose two products go to BLAS).
+"""Attention over the KV cache, compiled: one query per head (decode), and blocks of queries (prefill), whose
+two products go to BLAS's sgemm, called from the parallel loop so that both cores run one block each.
 
 Numerics follow model.attention (the NumPy reference) up to summation order and an exp that is within 1e-7
 relative of the exact one, so results agree to float32 rounding, not bit for bit.
@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
+
+# Scores of one parallel block are at most this many floats (16 MB): long contexts get more, smaller blocks.
+_MAX_BLOCK_SCORES = 1 << 22
 
 
 @intrinsic
@@ -130,3 +133,74 @@ def causal_softmax(scores, r0, t, start, scale):
             row[p] *= inv
         for p in range(last, n_pos):
             row[p] = 0.0
+
+
+@intrinsic
+def sgemm(typingctx, fn, transpose_b, m, n, k, a, lda, b, ldb, c, ldc):
+    """C (m, n) = A (m, k) @ op(B), op(B) = Bᵀ when transpose_b: a call of the cblas_sgemm (row major, 64-bit
+    integers) whose address is `fn`. The address is an argument, not a constant, so the kernel stays cacheable."""
+    sig = types.void(types.int64, types.boolean, types.int64, types.int64, types.int64, a, types.int64, b,
+                     types.int64, c, types.int64)  # fmt: skip
+
+    def codegen(context, builder, signature, args):
+        fn_, transpose_, m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args
+        i32, i64, f32, ptr = ir.IntType(32), ir.IntType(64), ir.FloatType(), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64])
+
+        def data(ty, val):
+            return builder.bitcast(context.make_array(ty)(context, builder, val).data, ptr)
+
+        row_major, no_trans, trans = ir.Constant(i32, 101), ir.Constant(i32, 111), ir.Constant(i32, 112)
+        builder.call(
+            builder.inttoptr(fn_, fnty.as_pointer()),
+            [row_major, no_trans, builder.select(transpose_, trans, no_trans), m_, n_, k_, ir.Constant(f32, 1.0),
+             data(signature.args[5], a_), lda_, data(signature.args[7], b_), ldb_, ir.Constant(f32, 0.0),
+             data(signature.args[9], c_), ldc_],
+        )  # fmt: skip
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def attend_causal(sgemm_fn, q, kc, vc, start, n_threads, out):
+    """t queries at positions start.., each over the cache up to its own position.
+
+    q (t, n_head, hd) float32; kc, vc (n_kv, n_ctx, hd) float16 bit patterns (uint16), holding positions
+    < start + t -> out (t, n_head·hd). The heads sharing a kv head make rows r = g·t + i (head g of the group,
+    query i); a parallel item is a block of one kv head's rows (n_threads blocks per head, so that
+    any number of kv heads shares evenly): its keys and
+    values in float32, scores = Q Kᵀ and out = P V by sgemm (at address sgemm_fn), the causal softmax between.
+    """
+    t, n_head, hd = q.shape
+    n_kv = kc.shape[0]
+    group = n_head // n_kv
+    rows = group * t
+    n_pos = start + t
+    parts = max(n_threads, (rows * n_pos + _MAX_BLOCK_SCORES - 1) // _MAX_BLOCK_SCORES)
+    step = (rows + parts - 1) // parts
+    scale = np.float32(1.0 / np.sqrt(hd))
+    for item in prange(n_kv * parts):
+        kv = item // parts
+        r0 = (item % parts) * step
+        r1 = min(rows, r0 + step)
+        if r1 <= r0:
+            continue
+        m = r1 - r0
+        a = np.empty((m, hd), dtype=np.float32)  # (m, hd) this block's queries
+        for r in range(r0, r1):
+            a[r - r0] = q[r % t, kv * group + r // t]
+        keys = np.empty((n_pos, hd), dtype=np.float32)  # (n_pos, hd)
+        values = np.empty((n_pos, hd), dtype=np.float32)
+        for p in range(n_pos):
+            for j in range(hd):
+                keys[p, j] = half_to_float(kc[kv, p, j])
+                values[p, j] = half_to_float(vc[kv, p, j])
+        scores = np.empty((m, n_pos), dtype=np.float32)  # (m, n_pos)
+        sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
+        causal_softmax(scores, r0, t, start, scale)
+        o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
+        sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)
+        for r in range(r0, r1):
+            h = kv * group + r // t
+            out[r % t, h * hd : (h + 1) * hd] = o[r - r0]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+from engine import kernels
 from engine.kernels import attention as attention_kernels
 from engine.kernels import causal_attention, decode
 from engine.model import attention, half_round
@@ -59,8 +60,13 @@ def test_attend_matches_reference_attention(n_pos: int) -> None:
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("parallel_blas", [True, False], ids=["sgemm-in-kernel", "numpy-fallback"])
 @pytest.mark.parametrize(("t", "start"), [(1, 0), (5, 0), (64, 0), (17, 40), (1, 200)])
-def test_causal_attention_matches_reference(t: int, start: int) -> None:
+def test_causal_attention_matches_reference(t: int, start: int, parallel_blas: bool, monkeypatch) -> None:
+    if parallel_blas:
+        assert kernels.blas_sgemm_address(), "NumPy's BLAS should provide a 64-bit-integer sgemm here"
+    else:
+        monkeypatch.setattr(kernels, "_sgemm_address", [0])
     rng = np.random.default_rng(t + start)
     n_head, n_kv, hd, n_ctx = 14, 2, 64, 256
     q = rng.standard_normal((t, n_head, hd)).astype(np.float32)

@@ -1,12 +1,11 @@
-"""A long chat in a small context: 250 short turns on SmolLM2 with n_ctx 512.
+"""A long chat in a small context: 300 short turns on SmolLM2 with n_ctx 512.
 
 The messages pile up, so the chat drops old turns to fit (and shifts mid-reply when it must). Every turn has to
 end normally, the system prompt has to stay at the front of the cache, the cache has to stay exact, and memory
 must not grow once the KV cache is in use.
 
-250 turns, not 300: on 2 idle cores a turn costs about 0.83 s (16 decoded tokens, the new prompt tokens, and
-every ~6 turns a re-prefill of half the context when old turns are dropped), so 300 turns took 250 s, past the
-4-minute budget this test has.
+A turn costs 16 decoded tokens, the new prompt tokens, and every ~6 turns a re-prefill of half the context when
+old turns are dropped.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from tests.reliability.support import rss_mb
 
 pytestmark = pytest.mark.slow
 
-TURNS = 250
+TURNS = 300
 N_CTX = 512
 TOPICS = (
     "the moon", "bread", "rivers", "chess", "volcanoes", "bees", "trains", "glass", "owls", "maps",
@@ -32,7 +31,7 @@ TOPICS = (
 )  # fmt: skip
 
 
-def test_250_turns_in_a_512_token_context(smollm2_model) -> None:
+def test_300_turns_in_a_512_token_context(smollm2_model) -> None:
     chat = ChatSession(smollm2_model, SamplingSettings(temperature=0.7, seed=1234, max_tokens=16), n_ctx=N_CTX)
     system = Message("system", "You are a helpful assistant. Keep every answer to one short sentence.")
     system_ids = chat.prompt_tokens([system], add_generation_prompt=False)
