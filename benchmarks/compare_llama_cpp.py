@@ -49,8 +49,10 @@ else:
     for _ in range(n_gen):
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
     decode_s = time.perf_counter() - t2
+import os
 print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ}))
 """
 
 FOLLOW_UP = r"""
@@ -109,6 +111,11 @@ def main() -> int:
             results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
             if args.llama_python:
                 results["llama.cpp"].append(run_worker(args.llama_python, WORKER, "llama", *common))
+            for eng, runs in results.items():
+                if runs:
+                    r = runs[-1]
+                    print(f"  {Path(path).name} {eng}: prefill {r['prefill_tok_s']:.1f}, decode {r['decode_tok_s']:.1f}"
+                          f"{' (spinning)' if r.get('spinning') else ''}", file=sys.stderr)  # fmt: skip
         med = {
             eng: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for eng, runs in results.items() if runs
         }
