@@ -266,7 +266,9 @@ def test_flask_style_globals_do_not_exist(payload: str) -> None:
 def test_size_bombs_fail_promptly(payload: str, reason: str) -> None:
     start = time.perf_counter()
     text, t = render(payload)
-    assert time.perf_counter() - start < 1.5
+    # Promptly: no hang, no runaway memory. The bound is loose because deep recursion alone took 1.7 s once on
+    # the 2-core CI machine.
+    assert time.perf_counter() - start < 5.0
     assert text == chatml([Message("user", "Hi")])
     assert t.warning is not None and reason in t.warning
 

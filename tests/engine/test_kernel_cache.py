@@ -1,0 +1,39 @@
+"""The first start compiles the kernels and says so; the next start loads them and compiles nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+LOAD = "import sys, engine; engine.load_model(sys.argv[1], n_ctx=64, progress=print)"
+
+
+def _start(model_path: Path, cache_dir: Path) -> list[str]:
+    env = {**os.environ, "CHATAPP_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, str(model_path)], env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.splitlines()
+
+
+def _kernel_files(cache_dir: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in (cache_dir / "numba").rglob("*") if p.is_file()}
+
+
+def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> None:
+    first = _start(smollm2_path, tmp_path)
+    assert any("compiling kernels" in line for line in first), first
+    compiled = _kernel_files(tmp_path)
+    assert compiled, "the first start left no compiled kernels behind"
+
+    second = _start(smollm2_path, tmp_path)
+    assert any("loading kernels" in line for line in second), second
+    assert not any("compiling" in line for line in second), second
+    assert _kernel_files(tmp_path) == compiled, "the second start compiled (or rewrote) kernels"
