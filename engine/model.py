@@ -253,11 +253,11 @@ class Model:
             first = self.offload.n_layers
         fast = self._fast_layers() if t == 1 else None
         for li in range(first, cfg.n_layer):
+            ci = li - first  # the layer's index in the CPU cache
             if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as below
-                ci = li - first
                 fast[li](x[0], start, cache.k[ci], cache.v[ci], self._cos[start], self._sin[start])
                 continue
-            lw, ci = w.layers[li], li - first  # ci: the layer's index in the CPU cache
+            lw = w.layers[li]
             h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
             q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
             if cfg.spec.positions == "rope":

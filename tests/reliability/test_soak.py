@@ -10,7 +10,6 @@ old turns are dropped.
 
 from __future__ import annotations
 
-import gc
 import time
 
 import pytest
@@ -19,7 +18,7 @@ from engine.chat import ChatSession
 from engine.events import STOP_EOS, STOP_LENGTH, Message, TurnStats
 from engine.sampling import SamplingSettings
 from tests.engine.test_chat import assert_cache_matches_fresh
-from tests.reliability.support import rss_mb
+from tests.reliability.support import live_rss_mb
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +54,7 @@ def test_300_turns_in_a_512_token_context(smollm2_model) -> None:
             # Once before each reading: a fresh evaluation allocates a cache of its own, and the allocator keeps
             # some of that memory, so both readings must have seen one.
             assert_cache_matches_fresh(chat)
-            gc.collect()
-            rss_at[turn] = rss_mb()
+            rss_at[turn] = live_rss_mb()
     elapsed = time.perf_counter() - t0
 
     assert dropped > 0, "the context never filled: the soak did not exercise fitting"
