@@ -1,7 +1,8 @@
 """The kernel layer: the only place the forward pass touches quantized weights.
 
-It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `WeightMatrix` -- so that another
-backend (CuPy) can provide the same four functions and run the same forward pass.
+It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `WeightMatrix`, `causal_attention`
+over the float16 cache, and `DecodeLayer` (one token through a whole layer, decode.py) -- so that another
+backend can provide the same few functions (engine/gpu runs the forward pass on CuPy arrays).
 
 Products of the common quantized types (PACKED_TYPES) run on a repacked copy of the weight (packed.py, with
 the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
@@ -374,7 +375,9 @@ class DecodeLayer:
     def fits(weights: Sequence[WeightMatrix]) -> bool:
         return all(w.ggml_type in PACKED_TYPES for w in weights)
 
-    def __call__(self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray):
+    def __call__(
+        self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray
+    ) -> None:
         """x (d,) float32 in place; kc, vc (n_kv, n_ctx, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
         decode.layer(
             x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
