@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from chatapp.bench import measure  # noqa: E402
 from engine import EngineError, load_model  # noqa: E402
 from engine.gpu import find_cuda  # noqa: E402
 from engine.kernels import float_products  # noqa: E402
@@ -53,20 +53,6 @@ def parity(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     }
 
 
-def speed(model, n_prompt: int, n_gen: int) -> tuple[float, float]:
-    """(prefill tok/s, decode tok/s) in a fresh session on random tokens, greedy. Logits come back to the host
-    after every eval, so each timing ends with the device's work done."""
-    prompt = np.random.default_rng(0).integers(0, model.n_vocab, size=n_prompt).tolist()
-    session = model.session()
-    t0 = time.perf_counter()
-    logits = session.eval(prompt)
-    pp = n_prompt / (time.perf_counter() - t0)
-    t1 = time.perf_counter()
-    for _ in range(n_gen):
-        logits = session.eval([int(np.argmax(logits))])
-    return pp, n_gen / (time.perf_counter() - t1)
-
-
 def memory(cupy) -> dict[str, float]:
     """Device memory in MiB: CuPy's pool (used by arrays, held) and the device's own used/total."""
     pool = cupy.get_default_memory_pool()
@@ -92,8 +78,8 @@ def check(path: str, gpu_layers: int, n_ctx: int, n_prompt: int, n_gen: int, cup
     gpu = load_model(path, n_ctx=n_ctx, device="cuda", gpu_layers=gpu_layers)
     loaded = memory(cupy)
     got = gpu.logits(ids)
-    speed(gpu, min(16, n_prompt), 2)  # warm-up: kernels compiled, pool grown
-    pp, tg = speed(gpu, n_prompt, n_gen)
+    measure(gpu, min(16, n_prompt), 2)  # warm-up: kernels compiled, pool grown (logits come back to the host
+    pp, tg = measure(gpu, n_prompt, n_gen)  # after every eval, so each timing ends with the device's work done)
     after = memory(cupy)
     offload = gpu.offload
     return {

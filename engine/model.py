@@ -108,6 +108,22 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
     return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
 
 
+def split_qkv(cfg: ModelConfig, outs: list) -> tuple:
+    """The q/k/v projections' outputs, (q, k, v) or one fused (t, q_dim + 2·kv_dim), as per-head arrays:
+    (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd). Works on NumPy and CuPy arrays alike."""
+    if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
+        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
+        fused = outs[0]
+        outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
+    q, k, v = outs
+    t = q.shape[0]
+    return (
+        q.reshape(t, cfg.n_head, cfg.head_dim),
+        k.reshape(t, cfg.n_kv_head, cfg.head_dim),
+        v.reshape(t, cfg.n_kv_head, cfg.head_dim),
+    )
+
+
 class Offload(Protocol):
     """Layers [0, n_layers) -- and the output head when `runs_output` -- run on another device (engine.gpu).
 
@@ -328,20 +344,8 @@ class Model:
         return y
 
     def _qkv(self, h: np.ndarray, lw: LayerWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cfg = self.cfg
-        t = h.shape[0]
         biases = lw.bqkv or (None,) * len(lw.wqkv)
-        outs = [self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)]
-        if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
-            q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-            fused = outs[0]
-            outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
-        q, k, v = outs
-        return (
-            q.reshape(t, cfg.n_head, cfg.head_dim),
-            k.reshape(t, cfg.n_kv_head, cfg.head_dim),
-            v.reshape(t, cfg.n_kv_head, cfg.head_dim),
-        )
+        return split_qkv(self.cfg, [self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)])
 
 
 class Session:

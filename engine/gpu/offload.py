@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
-from ..model import rope_tables
+from ..model import rope_tables, split_qkv
 from ..weights import LayerWeights, Weights
 from . import ops
 from .backend import Backend, DeviceError
@@ -196,17 +196,6 @@ class DeviceOffload:
         return y
 
     def _qkv(self, h: Array, lw: DeviceLayer) -> tuple[Array, Array, Array]:
-        xp, cfg = self.backend.xp, self.cfg
-        t = h.shape[0]
+        xp = self.backend.xp
         biases = lw.bqkv or (None,) * len(lw.wqkv)
-        outs = [self._bias(matmul(xp, m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)]
-        if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
-            q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-            fused = outs[0]  # (t, q_dim + 2·kv_dim)
-            outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
-        q, k, v = outs
-        return (
-            q.reshape(t, cfg.n_head, cfg.head_dim),
-            k.reshape(t, cfg.n_kv_head, cfg.head_dim),
-            v.reshape(t, cfg.n_kv_head, cfg.head_dim),
-        )
+        return split_qkv(self.cfg, [self._bias(matmul(xp, m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)])
