@@ -110,29 +110,44 @@ def attend_one(q, kc, vc, n_pos, n_head, out):
                 out[(h0 + g) * hd + i] = acc[g, i]
 
 
+@njit(inline="always", cache=True, nogil=True, fastmath=True)
+def _row_max(row, n):
+    """max(row[:n]), n >= 1. Seeded with row[0] rather than -inf, so that the fast-math reduction (which
+    assumes finite values) vectorizes; the scores are finite products of finite cache entries."""
+    top = row[0]
+    for p in range(1, n):
+        top = max(top, row[p])
+    return top
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def causal_softmax(scores, r0, t, start, scale):
-    """scores (rows, T) in place -> attention weights. Row r is query (r0 + r) % t, at position start + that
-    (rows run over heads, then queries); it sees positions up to its own, the rest get weight 0. Scores are
-    scaled by `scale` first."""
+def causal_exp(scores, r0, t, start, scale, inv_total):
+    """scores (rows, T) in place -> exp(scale · (s - max s)) over the positions each row sees, 0 beyond, and
+    inv_total (rows,) = 1 / the sum of each row: softmax(scale · scores) = scores · inv_total[:, None], which
+    the caller applies to the (smaller) product with the values instead. Row r is query (r0 + r) % t, at
+    position start + that (rows run over heads, then queries); it sees positions up to its own. scale > 0."""
     rows, n_pos = scores.shape
     for r in range(rows):
         last = start + (r0 + r) % t + 1  # positions this query sees
         row = scores[r]
-        top = np.float32(-np.inf)
-        for p in range(last):
-            row[p] *= scale
-            top = max(top, row[p])
+        top = _row_max(row, last)
         total = np.float32(0.0)
         for p in range(last):
-            e = exp_nonpositive(row[p] - top)
+            e = exp_nonpositive((row[p] - top) * scale)
             row[p] = e
             total += e
-        inv = np.float32(1.0) / total
-        for p in range(last):
-            row[p] *= inv
+        inv_total[r] = np.float32(1.0) / total
         for p in range(last, n_pos):
             row[p] = 0.0
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def causal_softmax(scores, r0, t, start, scale):
+    """scores (rows, T) in place -> attention weights softmax(scale · scores), rows as in `causal_exp`."""
+    inv_total = np.empty(scores.shape[0], dtype=np.float32)
+    causal_exp(scores, r0, t, start, scale, inv_total)
+    for r in range(scores.shape[0]):
+        scores[r] *= inv_total[r]
 
 
 @intrinsic
@@ -198,9 +213,11 @@ def attend_causal(sgemm_fn, q, kc, vc, start, n_threads, out):
                 values[p, j] = half_to_float(vc[kv, p, j])
         scores = np.empty((m, n_pos), dtype=np.float32)  # (m, n_pos)
         sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
-        causal_softmax(scores, r0, t, start, scale)
+        inv_total = np.empty(m, dtype=np.float32)
+        causal_exp(scores, r0, t, start, scale, inv_total)
         o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
         sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)
         for r in range(r0, r1):
             h = kv * group + r // t
-            out[r % t, h * hd : (h + 1) * hd] = o[r - r0]
+            for j in range(hd):
+                out[r % t, h * hd + j] = o[r - r0, j] * inv_total[r - r0]
