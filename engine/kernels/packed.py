@@ -25,8 +25,11 @@ Per format (raw block layout -> q bytes, s fields):
   Q4_0  18 B: d | qs[16]              q = qs[16]                        s = d
   Q4_1  20 B: d m | qs[16]            q = qs[16]                        s = d, m
   Q5_0  22 B: d | qh[4] | qs[16]      q = qs[16]                        s = d, qh bits 0-15, 16-31 (reordered)
+  Q5_1  24 B: d m | qh[4] | qs[16]    q = qs[16]                        s = d, m, qh bits 0-15, 16-31 (reordered)
   Q8_0  34 B: d | qs[32]              q = qs[32]                        s = d
   Q4_K 144 B: d dmin | sc[12] | qs    q = qs[128], scale[8], min[8]     s = d, dmin
+  Q5_K 176 B: d dmin | sc[12] | qh[32] | qs[128]
+                                      q = qs[128], scale[8], min[8], qh[32]   s = d, dmin
   Q6_K 210 B: ql | qh | sc | d        q = ql[128], qh[64], sc[16]       s = d
 """
 
@@ -39,7 +42,7 @@ from numba.extending import intrinsic
 
 from . import simd
 from .blocks import i8, k4_scale_min
-from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, _deq_row
+from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
 LANES = simd.LANES  # rows per chunk: one register of byte pairs
@@ -50,9 +53,11 @@ PER_ITEM = 16  # tokens per parallel item of `matmul`: a multiple of TILE
 LAYOUT = {
     Q4_0: (16, ((2, 0, 16),), (0,)),
     Q4_1: (16, ((4, 0, 16),), (0, 2)),
-    Q5_0: (16, ((6, 0, 16),), (0, 2, 4)),  # s = d, qh bits 0-15, qh bits 16-31 (see qh_order)
+    Q5_0: (16, ((6, 0, 16),), (0, 2, 4)),  # s = d, qh bits 0-15, 16-31 (see qh_order)
+    Q5_1: (16, ((8, 0, 16),), (0, 2, 4, 6)),  # s = d, m, qh bits 0-15, 16-31 (see qh_order)
     Q8_0: (32, ((2, 0, 32),), (0,)),
     Q4_K: (144, ((16, 0, 128),), (0, 2)),  # + the 12 packed scale bytes at 4, decoded into q[128:144]
+    Q5_K: (176, ((48, 0, 128), (16, 144, 32)), (0, 2)),  # as Q4_K, and qh[32] at q[144:176]
     Q6_K: (208, ((0, 0, 208),), (208,)),
 }
 PACKED_CODES = frozenset(LAYOUT)
@@ -221,6 +226,25 @@ def group_q5_0(q, s, g, xq, dx, xsum, acc, isum):
 
 
 @njit(inline="always", cache=True, nogil=True)
+def group_q5_1(q, s, g, xq, dx, xsum, acc, isum):
+    for b in range(q.shape[1]):
+        isum[:] = 0
+        for j in range(16):
+            xa = np.int32(xq[b, j])
+            xb = np.int32(xq[b, j + 16])
+            k = (j >> 1) + 8 * (j & 1)
+            for r in range(ROWS):
+                v = np.int32(qbyte(q, g, b, j, r))
+                lo = (v & 15) | (bits(s[g, b, 2, r], k, 1) << 4)  # qh bit j (see qh_order)
+                hi = (v >> 4) | (bits(s[g, b, 3, r], k, 1) << 4)  # qh bit j + 16
+                isum[r] += lo * xa + hi * xb
+        d = dx[b]
+        sx = d * np.float32(xsum[b, 0] + xsum[b, 1])  # sum of x̂ over the block, for the min
+        for r in range(ROWS):
+            acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(isum[r])) + h2f(s[g, b, 1, r]) * sx
+
+
+@njit(inline="always", cache=True, nogil=True)
 def group_q8_0(q, s, g, xq, dx, xsum, acc, isum):
     for b in range(q.shape[1]):
         isum[:] = 0
@@ -238,22 +262,35 @@ def group_q8_0(q, s, g, xq, dx, xsum, acc, isum):
 
 
 @njit(inline="always", cache=True, nogil=True)
-def group_q4_k(q, s, g, xq, dx, xsum, acc, isum, isum2, fd, fm):
+def k_quant_value(q, g, b, k, hi, fifth, r):
+    """Value of byte k's low (hi=0) or high nibble in a Q4_K/Q5_K block; Q5_K's fifth bit is bit `fifth` of
+    qh[k % 32] (q byte 144 + k % 32); fifth < 0 for Q4_K."""
+    v = bits(qbyte(q, g, b, k, r), 4 * hi, 15)
+    if fifth >= 0:
+        v |= bits(qbyte(q, g, b, 144 + k % 32, r), fifth, 1) << 4
+    return v
+
+
+@njit(inline="always", cache=True, nogil=True)
+def group_k_quant(q, s, g, xq, dx, xsum, acc, isum, isum2, fd, fm, fifth_bit):
+    """Q4_K, or Q5_K with fifth_bit."""
     for b in range(q.shape[1]):
         fd[:] = 0
         fm[:] = 0
         for c in range(4):  # 64 values: sub-block 2c in the low nibbles, 2c + 1 in the high ones
             lo = b * 8 + 2 * c
+            fa = 2 * c if fifth_bit else -1  # Q5_K: qh bit 2c for sub-block 2c, 2c + 1 for 2c + 1
+            fb = 2 * c + 1 if fifth_bit else -1
             isum[:] = 0
             for ll in range(32):
                 xa = np.int32(xq[lo, ll])
                 for r in range(ROWS):
-                    isum[r] += (np.int32(qbyte(q, g, b, c * 32 + ll, r)) & 15) * xa
+                    isum[r] += k_quant_value(q, g, b, c * 32 + ll, 0, fa, r) * xa
             isum2[:] = 0
             for ll in range(32):
                 xb = np.int32(xq[lo + 1, ll])
                 for r in range(ROWS):
-                    isum2[r] += (np.int32(qbyte(q, g, b, c * 32 + ll, r)) >> 4) * xb
+                    isum2[r] += k_quant_value(q, g, b, c * 32 + ll, 1, fb, r) * xb
             da = dx[lo]
             db = dx[lo + 1]
             for r in range(ROWS):
@@ -315,13 +352,15 @@ def group_reference(q, s, code, g, xq, dx, xsum, acc):
         group_q4_1(q, s, g, xq, dx, xsum, acc, t0)
     elif code == Q5_0:
         group_q5_0(q, s, g, xq, dx, xsum, acc, t0)
+    elif code == Q5_1:
+        group_q5_1(q, s, g, xq, dx, xsum, acc, t0)
     elif code == Q8_0:
         group_q8_0(q, s, g, xq, dx, xsum, acc, t0)
-    elif code == Q4_K:
+    elif code == Q4_K or code == Q5_K:
         t1 = np.empty(ROWS, dtype=np.int32)
         f0 = np.empty(ROWS, dtype=np.float32)
         f1 = np.empty(ROWS, dtype=np.float32)
-        group_q4_k(q, s, g, xq, dx, xsum, acc, t0, t1, f0, f1)
+        group_k_quant(q, s, g, xq, dx, xsum, acc, t0, t1, f0, f1, code == Q5_K)
     elif code == Q6_K:
         f0 = np.empty(ROWS, dtype=np.float32)
         group_q6_k(q, s, g, xq, dx, xsum, acc, t0, f0)
@@ -350,12 +389,18 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     elif code == Q5_0:
         for b in range(nb):
             simd.block_q5_0(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 32, dx, xsf, b, acc)
+    elif code == Q5_1:
+        for b in range(nb):
+            simd.block_q5_1(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 32, dx, xsf, b, acc)
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 32, dx, xsf, b, acc)
     elif code == Q4_K:
         for b in range(nb):
             simd.block_q4_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
+    elif code == Q5_K:
+        for b in range(nb):
+            simd.block_q5_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
     elif code == Q6_K:
         for b in range(nb):
             simd.block_q6_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
@@ -394,6 +439,9 @@ def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
     elif code == Q5_0:
         for b in range(nb):
             simd.block_q5_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q5_1:
+        for b in range(nb):
+            simd.block_q5_1_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
@@ -401,6 +449,10 @@ def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
         for b in range(nb):
             so = s0 + b * sstep
             simd.block_q4_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+    elif code == Q5_K:
+        for b in range(nb):
+            so = s0 + b * sstep
+            simd.block_q5_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q6_K:
         for b in range(nb):
             so = s0 + b * sstep
@@ -530,7 +582,7 @@ def _spread_bits(v):
 
 @njit(inline="always", cache=True, nogil=True)
 def qh_order(h):
-    """Q5_0's 16 high bits reordered for the kernels: bit 2t -> bit t, bit 2t + 1 -> bit 8 + t."""
+    """Q5_0's and Q5_1's 16 high bits reordered for the kernels: bit 2t -> bit t, bit 2t + 1 -> bit 8 + t."""
     return np.uint16(_even_bits(h) | (_even_bits(h >> 1) << 8))
 
 
@@ -566,10 +618,11 @@ def pack(raw, code, block_bytes, copies, halves, q, s):
                         q16[dst + k * LANES] = src_row[src + k]
                 for h in range(halves.shape[0]):
                     s[g, b, h, r] = src_row[b * w + halves[h] // 2]
-                if code == Q5_0:
-                    s[g, b, 1, r] = qh_order(np.int64(s[g, b, 1, r]))
-                    s[g, b, 2, r] = qh_order(np.int64(s[g, b, 2, r]))
-                elif code == Q4_K:
+                if code == Q5_0 or code == Q5_1:  # the last two fields are qh
+                    nh = halves.shape[0]
+                    s[g, b, nh - 2, r] = qh_order(np.int64(s[g, b, nh - 2, r]))
+                    s[g, b, nh - 1, r] = qh_order(np.int64(s[g, b, nh - 1, r]))
+                elif code == Q4_K or code == Q5_K:
                     row = raw[g * ROWS + r]
                     for j in range(8):
                         sc, m = k4_scale_min(row, b * block_bytes, j)
@@ -590,11 +643,11 @@ def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
                 out[o + copies[c, 0] + k] = qbyte(q, g, b, kk, r)
         for h in range(halves.shape[0]):
             v = np.int64(s[g, b, h, r])
-            if code == Q5_0 and h > 0:
+            if (code == Q5_0 or code == Q5_1) and h >= halves.shape[0] - 2:
                 v = np.int64(qh_unorder(v))
             out[o + halves[h]] = np.uint8(v & 255)
             out[o + halves[h] + 1] = np.uint8(v >> 8)
-        if code == Q4_K:  # re-encode the 6-bit scales and mins (the inverse of k4_scale_min)
+        if code == Q4_K or code == Q5_K:  # re-encode the 6-bit scales and mins (the inverse of k4_scale_min)
             for j in range(4):
                 sc_lo = qbyte(q, g, b, 128 + j, r)
                 sc_hi = qbyte(q, g, b, 132 + j, r)

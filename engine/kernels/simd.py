@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
-from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0
+from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 
 ROWS = 64  # rows per group (packed.ROWS)
 LANES = 16  # rows per register: 32 bytes = 16 rows x 2 bytes
@@ -297,19 +297,25 @@ def _emit_q4(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token], w
             e.add_to_acc(acc, t, c, part)
 
 
-# ---- Q5_0: nibbles plus a fifth bit from s[1] (values 0-15) and s[2] (16-31) ----------------------------
-# s[1], s[2] hold qh's bits reordered at packing: low byte = bits of the even values, high byte = odd ones,
-# so bit jp of each byte belongs to byte pair jp. Values <= 31: pmaddubsw pairs <= 7874, 2 byte pairs (4
-# pmaddubsw) per 16-bit accumulator (<= 31496), then widened.
+# ---- Q5_0, Q5_1: nibbles plus a fifth bit from two qh fields (values 0-15, 16-31; - 16 for Q5_0) ---------
+# The qh fields (s[1], s[2] for Q5_0; s[2], s[3] for Q5_1, after d and m) hold qh's bits reordered at packing:
+# low byte = bits of the even values, high byte = odd ones, so bit jp of each byte belongs to byte pair jp.
+# Values <= 31: pmaddubsw pairs <= 7874, 2 byte pairs (4 pmaddubsw) per 16-bit accumulator (<= 31496), then
+# widened.
 
 
-def _emit_q5_0(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
+def _emit_q5(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token], with_min: bool) -> None:
     b = e.b
     d_x = [e.fsplat(e.load_scalar(dx, t.xb)) for t in toks]
-    offset = [e.splat(b.mul(_xsum32(e, xsum, t.xb), ir.Constant(I32, 16)), LANES) for t in toks]  # values v - 16
+    total = [_xsum32(e, xsum, t.xb) for t in toks]
+    if with_min:  # the min term: m * sum(x̂)
+        sx = [e.fsplat(b.fmul(e.load_scalar(dx, t.xb), b.sitofp(tot, F32))) for t, tot in zip(toks, total, strict=True)]
+    else:  # every value is v - 16
+        offset = [e.splat(b.mul(tot, ir.Constant(I32, 16)), LANES) for tot in total]
+    qh = 2 if with_min else 1  # index of the first qh field
     with e.chunks() as c:
-        h_lo = e.load(s, e.rows(so, c, 1), I16, LANES)
-        h_hi = e.load(s, e.rows(so, c, 2), I16, LANES)
+        h_lo = e.load(s, e.rows(so, c, qh), I16, LANES)
+        h_hi = e.load(s, e.rows(so, c, qh + 1), I16, LANES)
         isum = [_zero32()] * len(toks)
         acc16 = [_zero16()] * len(toks)
         for jp in range(8):
@@ -323,8 +329,13 @@ def _emit_q5_0(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token])
                     isum[i] = b.add(isum[i], e.widen(acc16[i]))
                     acc16[i] = _zero16()
         d = e.halves(s, e.rows(so, c))
+        m = e.halves(s, e.rows(so, c, 1)) if with_min else None
         for i, t in enumerate(toks):
-            e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x[i], e.to_float(b.sub(isum[i], offset[i])))))
+            if with_min:
+                part = b.fadd(b.fmul(d, b.fmul(d_x[i], e.to_float(isum[i]))), b.fmul(m, sx[i]))
+            else:
+                part = b.fmul(d, b.fmul(d_x[i], e.to_float(b.sub(isum[i], offset[i]))))
+            e.add_to_acc(acc, t, c, part)
 
 
 # ---- Q8_0: 32 signed bytes, 16 pairs; pmaddwd on bytes widened to 16 bits ------------------------------
@@ -352,28 +363,33 @@ def _emit_q8_0(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token])
             e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x[i], e.to_float(isum))))
 
 
-# ---- Q4_K: 256 values; qs[128] (pairs 0-63), scales[8] (pairs 64-67), mins[8] (pairs 68-71) -------------
-# Sub-block 2i is the low nibbles of bytes 32i..32i+31, 2i+1 the high ones. 8 pairs per 16-bit accumulator
-# (<= 30480), then widened.
+# ---- Q4_K, Q5_K: 256 values; qs[128] (pairs 0-63), scales[8] (pairs 64-67), mins[8] (pairs 68-71), and for
+# Q5_K qh[32] (pairs 72-87) ---------------------------------------------------------------------------------
+# Sub-block 2i is the low nibbles of bytes 32i..32i+31, 2i+1 the high ones; Q5_K adds bit 2i (2i + 1) of
+# qh[l] as the fifth bit of value l. Q4_K: 8 pairs per 16-bit accumulator (<= 30480); Q5_K (values <= 31):
+# 4 pairs (<= 31496); then scaled and widened (scale <= 63).
 
 
-def _emit_q4_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
+def _emit_k_quant(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token], fifth_bit: bool) -> None:
     b = e.b
+    per_acc = 4 if fifth_bit else 8  # byte pairs per 16-bit accumulator
     with e.chunks() as c:
         fd = [_splat_const(F32, LANES, 0.0)] * len(toks)  # in parity order (`scaled_sums`)
         for i in range(4):
             sc = e.even_odd_bytes(e.qpair(q, qo, c, 64 + i))
             for hi in range(2):  # sub-block 2i + hi: the low nibbles of bytes 32i.., then the high ones
                 scale = e.by_parity(b.zext(sc[hi], _vt(I16, LANES)))
-                isum = [_zero32()] * len(toks)  # scale * (nibbles . xq): <= 63 * 60960
-                for half in range(2):
-                    acc16 = [_zero16()] * len(toks)
-                    for pp in range(8):
-                        nib = e.nibbles(e.qpair(q, qo, c, i * 16 + half * 8 + pp), bool(hi))
-                        ll = 2 * (half * 8 + pp)
-                        for k, t in enumerate(toks):
-                            acc16[k] = b.add(acc16[k], e.maddubs(nib, e.xpair(xq, t, (2 * i + hi) * 32 + ll)))
-                    isum = [b.add(isum[k], e.scaled_sums(acc16[k], scale)) for k in range(len(toks))]
+                isum = [_zero32()] * len(toks)  # scale * (values . xq): <= 63 * 125984
+                acc16 = [_zero16()] * len(toks)
+                for pp in range(16):
+                    v = e.nibbles(e.qpair(q, qo, c, i * 16 + pp), bool(hi))
+                    if fifth_bit:
+                        v = b.or_(v, e.bits16(e.qpair16(q, qo, c, 72 + pp), 4 - (2 * i + hi), 0x1010))
+                    for k, t in enumerate(toks):
+                        acc16[k] = b.add(acc16[k], e.maddubs(v, e.xpair(xq, t, (2 * i + hi) * 32 + 2 * pp)))
+                        if pp % per_acc == per_acc - 1:
+                            isum[k] = b.add(isum[k], e.scaled_sums(acc16[k], scale))
+                            acc16[k] = _zero16()
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, 2 * i + hi)))
                     fd[k] = b.fadd(fd[k], b.fmul(d_x, e.to_float(isum[k])))
@@ -489,25 +505,47 @@ def _emit_q4_1(e: _Emitter, *args) -> None:
     _emit_q4(e, *args, with_min=True)
 
 
+def _emit_q5_0(e: _Emitter, *args) -> None:
+    _emit_q5(e, *args, with_min=False)
+
+
+def _emit_q5_1(e: _Emitter, *args) -> None:
+    _emit_q5(e, *args, with_min=True)
+
+
+def _emit_q4_k(e: _Emitter, *args) -> None:
+    _emit_k_quant(e, *args, fifth_bit=False)
+
+
+def _emit_q5_k(e: _Emitter, *args) -> None:
+    _emit_k_quant(e, *args, fifth_bit=True)
+
+
 block_q4_0 = _one("block_q4_0", _emit_q4_0, 16, "acc += W[group] @ x̂ over one Q4_0 block.")
 block_q4_1 = _one("block_q4_1", _emit_q4_1, 16, "acc += W[group] @ x̂ over one Q4_1 block.")
 block_q5_0 = _one("block_q5_0", _emit_q5_0, 16, "acc += W[group] @ x̂ over one Q5_0 block.")
+block_q5_1 = _one("block_q5_1", _emit_q5_1, 16, "acc += W[group] @ x̂ over one Q5_1 block.")
 block_q8_0 = _one("block_q8_0", _emit_q8_0, 32, "acc += W[group] @ x̂ over one Q8_0 block.")
 block_q4_k = _one("block_q4_k", _emit_q4_k, 144, "acc += W[group] @ x̂ over one Q4_K super-block.")
+block_q5_k = _one("block_q5_k", _emit_q5_k, 176, "acc += W[group] @ x̂ over one Q5_K super-block.")
 block_q6_k = _one("block_q6_k", _emit_q6_k, 208, "acc += W[group] @ x̂ over one Q6_K super-block.")
 
 block_q4_0_tile = _tile("block_q4_0_tile", _emit_q4_0, 16, "block_q4_0 for TILE tokens at once.")
 block_q4_1_tile = _tile("block_q4_1_tile", _emit_q4_1, 16, "block_q4_1 for TILE tokens at once.")
 block_q5_0_tile = _tile("block_q5_0_tile", _emit_q5_0, 16, "block_q5_0 for TILE tokens at once.")
+block_q5_1_tile = _tile("block_q5_1_tile", _emit_q5_1, 16, "block_q5_1 for TILE tokens at once.")
 block_q8_0_tile = _tile("block_q8_0_tile", _emit_q8_0, 32, "block_q8_0 for TILE tokens at once.")
 block_q4_k_tile = _tile("block_q4_k_tile", _emit_q4_k, 144, "block_q4_k for TILE tokens at once.")
+block_q5_k_tile = _tile("block_q5_k_tile", _emit_q5_k, 176, "block_q5_k for TILE tokens at once.")
 block_q6_k_tile = _tile("block_q6_k_tile", _emit_q6_k, 208, "block_q6_k for TILE tokens at once.")
 
 BLOCK_KERNELS = {
     Q4_0: block_q4_0,
     Q4_1: block_q4_1,
     Q5_0: block_q5_0,
+    Q5_1: block_q5_1,
     Q8_0: block_q8_0,
     Q4_K: block_q4_k,
+    Q5_K: block_q5_k,
     Q6_K: block_q6_k,
 }
