@@ -27,6 +27,8 @@ Per format (raw block layout -> q bytes, s fields):
   Q5_0  22 B: d | qh[4] | qs[16]      q = qs[16]                        s = d, qh bits 0-15, 16-31 (reordered)
   Q5_1  24 B: d m | qh[4] | qs[16]    q = qs[16]                        s = d, m, qh bits 0-15, 16-31 (reordered)
   Q8_0  34 B: d | qs[32]              q = qs[32]                        s = d
+  Q3_K 110 B: hmask[32] | qs[64] | sc[12] | d
+                                      q = qs[64], hmask[32], scale[16]  s = d
   Q4_K 144 B: d dmin | sc[12] | qs    q = qs[128], scale[8], min[8]     s = d, dmin
   Q5_K 176 B: d dmin | sc[12] | qh[32] | qs[128]
                                       q = qs[128], scale[8], min[8], qh[32]   s = d, dmin
@@ -41,8 +43,8 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import simd
-from .blocks import i8, k4_scale_min
-from .cpu import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
+from .blocks import i8, k4_scale_min, q3_k_scale
+from .cpu import Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
 LANES = simd.LANES  # rows per chunk: one register of byte pairs
@@ -56,6 +58,7 @@ LAYOUT = {
     Q5_0: (16, ((6, 0, 16),), (0, 2, 4)),  # s = d, qh bits 0-15, 16-31 (see qh_order)
     Q5_1: (16, ((8, 0, 16),), (0, 2, 4, 6)),  # s = d, m, qh bits 0-15, 16-31 (see qh_order)
     Q8_0: (32, ((2, 0, 32),), (0,)),
+    Q3_K: (112, ((32, 0, 64), (0, 64, 32)), (108,)),  # + the 12 packed scale bytes at 96, as int8 in q[96:112]
     Q4_K: (144, ((16, 0, 128),), (0, 2)),  # + the 12 packed scale bytes at 4, decoded into q[128:144]
     Q5_K: (176, ((48, 0, 128), (16, 144, 32)), (0, 2)),  # as Q4_K, and qh[32] at q[144:176]
     Q6_K: (208, ((0, 0, 208),), (208,)),
@@ -308,6 +311,31 @@ def group_k_quant(q, s, g, xq, dx, xsum, acc, isum, isum2, fd, fm, fifth_bit):
 
 
 @njit(inline="always", cache=True, nogil=True)
+def group_q3_k(q, s, g, xq, dx, xsum, acc, isum, fd):
+    for b in range(q.shape[1]):
+        fd[:] = 0
+        for n in range(2):  # 128-value halves: qs[n*32 : n*32 + 32]
+            for j in range(4):  # values n*128 + 32j + ll: bits 2j of qs[n*32 + ll], bit 4n + j of hmask[ll]
+                xb = b * 8 + n * 4 + j
+                d = dx[xb]
+                for h in range(2):  # 16-value runs, each with its own scale
+                    isum[:] = 0
+                    for m in range(16):
+                        ll = 16 * h + m
+                        xv = np.int32(xq[xb, ll])
+                        for r in range(ROWS):
+                            v = bits(qbyte(q, g, b, 32 * n + ll, r), 2 * j, 3)
+                            v |= bits(qbyte(q, g, b, 64 + ll, r), 4 * n + j, 1) << 2
+                            isum[r] += v * xv
+                    off = np.int32(4 * xsum[xb, h])  # the -4 of every value
+                    sc = 96 + n * 8 + 2 * j + h
+                    for r in range(ROWS):
+                        fd[r] += d * np.float32(np.int32(i8(qbyte(q, g, b, sc, r)) * np.int32(isum[r] - off)))
+        for r in range(ROWS):
+            acc[r] += h2f(s[g, b, 0, r]) * fd[r]
+
+
+@njit(inline="always", cache=True, nogil=True)
 def q6_k_run(q, g, b, lo, hi, shift_lo, shift_hi, xq, xb, ll0, isum):
     """isum += 16 values of a Q6_K block times x̂: low bits in q[lo + ll] >> shift_lo, high in q[hi + ll]."""
     isum[:] = 0
@@ -361,6 +389,9 @@ def group_reference(q, s, code, g, xq, dx, xsum, acc):
         f0 = np.empty(ROWS, dtype=np.float32)
         f1 = np.empty(ROWS, dtype=np.float32)
         group_k_quant(q, s, g, xq, dx, xsum, acc, t0, t1, f0, f1, code == Q5_K)
+    elif code == Q3_K:
+        f0 = np.empty(ROWS, dtype=np.float32)
+        group_q3_k(q, s, g, xq, dx, xsum, acc, t0, f0)
     elif code == Q6_K:
         f0 = np.empty(ROWS, dtype=np.float32)
         group_q6_k(q, s, g, xq, dx, xsum, acc, t0, f0)
@@ -395,6 +426,9 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 32, dx, xsf, b, acc)
+    elif code == Q3_K:
+        for b in range(nb):
+            simd.block_q3_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
     elif code == Q4_K:
         for b in range(nb):
             simd.block_q4_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
@@ -445,6 +479,10 @@ def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q3_K:
+        for b in range(nb):
+            so = s0 + b * sstep
+            simd.block_q3_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q4_K:
         for b in range(nb):
             so = s0 + b * sstep
@@ -622,6 +660,10 @@ def pack(raw, code, block_bytes, copies, halves, q, s):
                     nh = halves.shape[0]
                     s[g, b, nh - 2, r] = qh_order(np.int64(s[g, b, nh - 2, r]))
                     s[g, b, nh - 1, r] = qh_order(np.int64(s[g, b, nh - 1, r]))
+                elif code == Q3_K:
+                    row = raw[g * ROWS + r]
+                    for j in range(16):
+                        q[g, b, c, 48 + (j >> 1), lane, j & 1] = np.uint8(q3_k_scale(row, b * block_bytes, j) & 255)
                 elif code == Q4_K or code == Q5_K:
                     row = raw[g * ROWS + r]
                     for j in range(8):
@@ -647,6 +689,15 @@ def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
                 v = np.int64(qh_unorder(v))
             out[o + halves[h]] = np.uint8(v & 255)
             out[o + halves[h] + 1] = np.uint8(v >> 8)
+        if code == Q3_K:  # re-encode the 6-bit scales (the inverse of q3_k_scale)
+            for j in range(4):  # scales j, 4 + j, 8 + j, 12 + j, back to 0..63
+                s0 = np.int32(i8(qbyte(q, g, b, 96 + j, r))) + 32
+                s1 = np.int32(i8(qbyte(q, g, b, 100 + j, r))) + 32
+                s2 = np.int32(i8(qbyte(q, g, b, 104 + j, r))) + 32
+                s3 = np.int32(i8(qbyte(q, g, b, 108 + j, r))) + 32
+                out[o + 96 + j] = np.uint8((s0 & 15) | ((s2 & 15) << 4))
+                out[o + 100 + j] = np.uint8((s1 & 15) | ((s3 & 15) << 4))
+                out[o + 104 + j] = np.uint8((s0 >> 4) | ((s1 >> 4) << 2) | ((s2 >> 4) << 4) | ((s3 >> 4) << 6))
         if code == Q4_K or code == Q5_K:  # re-encode the 6-bit scales and mins (the inverse of k4_scale_min)
             for j in range(4):
                 sc_lo = qbyte(q, g, b, 128 + j, r)
