@@ -9,6 +9,10 @@ medians and the ratios ours / llama.cpp. llama-cpp-python is never a project dep
 --llama-python at an interpreter that has it (built with CMAKE_ARGS="-DGGML_NATIVE=ON").
 Also measured for our engine: a follow-up turn after 600 cached tokens against the same new tokens in a
 fresh session, and the start-up time with warm caches.
+
+--requantize Q5_K_M,Q3_K_S,... also measures each model re-quantized to those llama.cpp file types (by
+llama.cpp's own quantizer, through --llama-python; kept in the user cache). Re-quantizing an already quantized
+file loses quality, so these files are for speed, not for chatting.
 """
 
 from __future__ import annotations
@@ -81,6 +85,31 @@ print(time.perf_counter() - t0)
 """
 
 
+REQUANTIZE = r"""
+import sys, llama_cpp
+src, dst, ftype = sys.argv[1:4]
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_" + ftype)
+params.allow_requantize = True
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params))
+"""
+
+
+def requantized(python: str, src: Path, ftype: str) -> Path:
+    """src re-quantized to llama.cpp file type `ftype` (Q5_K_M, ...), made once and cached."""
+    from chatapp.paths import user_cache_dir
+
+    dst = user_cache_dir() / "requantized" / f"{src.stem}-{ftype}.gguf"
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_suffix(".part")
+        out = subprocess.run([python, "-c", REQUANTIZE, str(src), str(tmp), ftype], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"re-quantizing {src.name} to {ftype} failed:\n{out.stderr[-2000:]}")
+        tmp.rename(dst)
+    return dst
+
+
 def run_worker(python: str, code: str, *args: str) -> dict:
     repo = Path(__file__).resolve().parents[1]
     out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, cwd=repo, timeout=1800)
@@ -97,13 +126,23 @@ def main() -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requantize", default="", help="comma-separated llama.cpp file types, e.g. Q5_K_M,Q3_K_S")
     args = ap.parse_args()
 
     from chatapp.catalog import resolve_model
 
-    rows = []
+    targets = []  # (label, path)
     for spec in args.model:
-        path = str(resolve_model(spec))
+        src = resolve_model(spec)
+        targets.append((spec, src))
+        for ftype in filter(None, args.requantize.split(",")):
+            if not args.llama_python:
+                ap.error("--requantize needs --llama-python")
+            targets.append((f"{spec} → {ftype}", requantized(args.llama_python, src, ftype)))
+
+    rows = []
+    for spec, target in targets:
+        path = str(target)
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         common = (path, str(args.n_prompt), str(args.n_gen), str(args.threads))
         run_worker(sys.executable, WORKER, "ours", *common)  # compile / warm the caches once
