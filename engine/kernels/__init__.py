@@ -8,7 +8,7 @@ Products of the common quantized types (PACKED_TYPES) run on a repacked copy of 
 the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
-Other types keep the per-row float kernels of cpu.py.
+F16 and BF16 weights run floats.py on their 16-bit values; Q2_K keeps the per-row float kernels of cpu.py.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     else:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
-from . import attention, cpu, decode, packed, pages  # noqa: E402
+from . import attention, cpu, decode, floats, packed, pages  # noqa: E402
 from .blocks import F16_TABLE  # noqa: E402
 
 QUANTIZED = {
@@ -255,8 +255,10 @@ def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exa
         cpu.matvec(w.data, code, F16_TABLE, x, out)
     elif w.ggml_type == T.F32:
         np.matmul(w.data, x, out=out)
+    elif w.data.nbytes < PARALLEL_MIN_BYTES:
+        floats.matvec_serial(w.data, w.ggml_type == T.BF16, x, out)
     else:
-        _tiled_matvec(w, x, out)
+        floats.matvec(w.data, w.ggml_type == T.BF16, x, out)
     return out
 
 
@@ -305,6 +307,10 @@ def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.
     p = w.prepare().packed
     if p is not None and not exact:
         packed.matmul(p.q, p.s, p.code, np.ascontiguousarray(xs, dtype=np.float32), out)
+        return out
+    if w.ggml_type in (T.F16, T.BF16) and blas_sgemm_address():
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == T.BF16, xs, out)
         return out
     step = max(1, min(w.rows, _TILE_VALUES // w.cols))
     tile = np.empty((step, w.cols), dtype=np.float32)

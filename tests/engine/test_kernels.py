@@ -16,11 +16,13 @@ from gguf import GGMLQuantizationType as T
 from engine.gguf_file import open_gguf
 from engine.kernels import (
     PACKED_TYPES,
+    PARALLEL_MIN_BYTES,
     SUPPORTED_TYPES,
     WeightMatrix,
     dequantize,
     embedding_rows,
     float_products,
+    floats,
     matmul,
     matvec,
     matvec_many,
@@ -140,6 +142,18 @@ def test_float_formats(qtype: T) -> None:
     ref = oracle(qtype, raw.view(np.uint8).reshape(40, -1), 40, 96)
     np.testing.assert_array_equal(dequantize(w), ref)
     check_products(w, ref, rng)
+
+
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_half_formats_at_parallel_sizes(qtype: T) -> None:
+    """300 x 512 halves (300 KB): the parallel decode kernel, and prefill blocks of floats.BLOCK_ROWS rows with a
+    partial last one."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((300, 512)).astype(np.float32)
+    raw = a.astype(np.float16) if qtype == T.F16 else (a.view(np.uint32) >> 16).astype(np.uint16)
+    w = WeightMatrix.from_raw("synthetic", qtype, 300, 512, raw.view(np.uint8))
+    assert w.data.nbytes >= PARALLEL_MIN_BYTES and 300 % floats.BLOCK_ROWS
+    check_products(w, oracle(qtype, raw.view(np.uint8).reshape(300, -1), 300, 512), rng)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)

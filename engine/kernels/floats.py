@@ -1,0 +1,85 @@
+"""Products with float16 and bfloat16 weights, read as stored (2 bytes a weight) and widened in registers.
+
+Decode is memory-bound: one pass over W's 16-bit values, rows split between the threads, each row's dot
+product in float32 (vcvtph2ps and FMA where the CPU has them). Prefill widens blocks of BLOCK_ROWS rows to
+float32 and multiplies them with BLAS's sgemm, the blocks in parallel (as attention.attend_causal does).
+Activations stay float32: the results are W @ x up to float32 summation order.
+
+    w     uint16 (d, n)  the weight's bit patterns, as the file stores them
+    bf16  bool           bfloat16 (the top half of a float32) rather than IEEE half
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .attention import half_to_float, sgemm
+
+BLOCK_ROWS = 64  # rows of W widened at a time in `matmul`: 64 x n float32 stays in L2
+
+
+@intrinsic
+def bf16_to_float(typingctx, h):
+    """The float32 whose top half is the uint16 h (bfloat16 -> float32, exact)."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.shl(builder.zext(args[0], i32), ir.Constant(i32, 16))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@njit(inline="always", cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _row_dot(w, r, x, bf16):
+    """W[r] · x in float32."""
+    acc = np.float32(0.0)
+    if bf16:
+        for j in range(x.shape[0]):
+            acc += bf16_to_float(w[r, j]) * x[j]
+    else:
+        for j in range(x.shape[0]):
+            acc += half_to_float(w[r, j]) * x[j]
+    return acc
+
+
+# The callers carry the fast-math flags too: Numba inlines `_row_dot` before LLVM sees it, under their flags.
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def matvec(w, bf16, x, out):
+    """W (d, n) @ x (n,) -> out (d,), rows in parallel."""
+    for r in prange(w.shape[0]):
+        out[r] = _row_dot(w, r, x, bf16)
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def matvec_serial(w, bf16, x, out):
+    """`matvec` on the calling thread alone: for weights too small to repay a parallel launch."""
+    for r in range(w.shape[0]):
+        out[r] = _row_dot(w, r, x, bf16)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def matmul(sgemm_fn, w, bf16, xs, out):
+    """xs (t, n) float32 @ W.T -> out (t, d): each parallel item widens BLOCK_ROWS rows of W and calls the
+    single-threaded sgemm at address sgemm_fn on them."""
+    t, n = xs.shape
+    d = w.shape[0]
+    for blk in prange((d + BLOCK_ROWS - 1) // BLOCK_ROWS):
+        r0 = blk * BLOCK_ROWS
+        m = min(d, r0 + BLOCK_ROWS) - r0
+        wf = np.empty((m, n), dtype=np.float32)  # (m, n) this block's rows
+        for i in range(m):
+            if bf16:
+                for j in range(n):
+                    wf[i, j] = bf16_to_float(w[r0 + i, j])
+            else:
+                for j in range(n):
+                    wf[i, j] = half_to_float(w[r0 + i, j])
+        o = np.empty((t, m), dtype=np.float32)  # (t, m)
+        sgemm(sgemm_fn, True, t, m, n, xs, n, wf, n, o, m)
+        for i in range(t):
+            for k in range(m):
+                out[i, r0 + k] = o[i, k]
