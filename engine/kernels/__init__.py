@@ -401,6 +401,10 @@ def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) 
     """
     t, n_head, hd = q.shape
     q = np.ascontiguousarray(q, dtype=np.float32)
+    if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
+        out = np.empty((1, n_head * hd), dtype=np.float32)
+        attention.attend_one(q.reshape(-1), kc.view(np.uint16), vc.view(np.uint16), start + 1, n_head, out[0])
+        return out
     fn = blas_sgemm_address()
     if fn:
         out = np.empty((t, n_head * hd), dtype=np.float32)
