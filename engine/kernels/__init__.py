@@ -76,6 +76,7 @@ QUANTIZED = {
     T.Q6_K: cpu.Q6_K,
 }
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+_HALF_TYPES = (T.F16, T.BF16)  # 16-bit floats: products in floats.py
 SUPPORTED_TYPES = frozenset(QUANTIZED) | frozenset(FLOAT_TYPES)
 # Types with a repacked decode kernel; the others keep the per-row kernels of cpu.py.
 PACKED_TYPES = frozenset(t for t, code in QUANTIZED.items() if code in packed.PACKED_CODES)
@@ -308,7 +309,7 @@ def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.
     if p is not None and not exact:
         packed.matmul(p.q, p.s, p.code, np.ascontiguousarray(xs, dtype=np.float32), out)
         return out
-    if w.ggml_type in (T.F16, T.BF16) and blas_sgemm_address():
+    if w.ggml_type in _HALF_TYPES and blas_sgemm_address():
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == T.BF16, xs, out)
         return out
@@ -342,7 +343,10 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
     return got if got is out else np.array(got, dtype=np.float32)
 
 
-def _packed_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int]:
+def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, bool]:
+    """W as decode.layer takes it: (q, s, code) when packed, (bit patterns, bf16) for 16-bit floats."""
+    if w.ggml_type in _HALF_TYPES:
+        return w.data, w.ggml_type == T.BF16
     p = w.prepare().packed
     return p.q, p.s, p.code
 
@@ -353,8 +357,8 @@ _NO_BIAS = np.zeros(0, dtype=np.float32)
 class DecodeLayer:
     """One RMSNorm/RoPE/SwiGLU layer's arguments for `decode.layer`, the one-call path of a single token.
 
-    Built only when every product of the layer has a packed kernel (`fits`); the forward pass uses the
-    reference NumPy path otherwise, and whenever `float_products()` is in force.
+    Built only when every product of the layer has a packed or 16-bit float kernel (`fits`); the forward pass
+    uses the reference NumPy path otherwise, and whenever `float_products()` is in force.
     """
 
     def __init__(
@@ -369,9 +373,9 @@ class DecodeLayer:
     ):
         f32 = [np.ascontiguousarray(n, dtype=np.float32) for n in norms]
         self._norms = (f32[0], f32[1])
-        self._wqkv = tuple(_packed_args(w) for w in wqkv)
-        self._wo = _packed_args(wo)
-        self._ffn = tuple(_packed_args(w) for w in ffn)
+        self._wqkv = tuple(_decode_args(w) for w in wqkv)
+        self._wo = _decode_args(wo)
+        self._ffn = tuple(_decode_args(w) for w in ffn)
         biases = bqkv or (_NO_BIAS,) * 3
         self._biases = tuple(np.ascontiguousarray(b, dtype=np.float32) for b in biases)
         self._shape = (*shape[:4], int(shape[4]), ffn[2].cols)
@@ -379,7 +383,7 @@ class DecodeLayer:
 
     @staticmethod
     def fits(weights: Sequence[WeightMatrix]) -> bool:
-        return all(w.ggml_type in PACKED_TYPES for w in weights)
+        return all(w.ggml_type in PACKED_TYPES or w.ggml_type in _HALF_TYPES for w in weights)
 
     def __call__(
         self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray

@@ -3,10 +3,14 @@
 The reference forward pass (model.py) runs each small operation -- norm, rope, attention over the cache,
 SwiGLU -- as NumPy calls, a few microseconds of dispatch each; at one token per call that overhead, some
 300 calls a token, costs as much as the matrix products themselves. `layer` does the same arithmetic for a
-pre-norm RMSNorm + RoPE + SwiGLU layer (llama, qwen2) in one call, with the same packed products (packed.py),
-so a token costs n_layer calls into compiled code.
+pre-norm RMSNorm + RoPE + SwiGLU layer (llama, qwen2) in one call, with the same products as the kernel layer
+(packed.py for the quantized types, floats.py for F16 and BF16), so a token costs n_layer calls into compiled
+code.
 
-Numerics follow model.py: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), products on
+A weight is passed as a tuple: (q, s, code) when packed, (w, bf16) when 16-bit floats; `product` picks the
+kernel from the tuple's type when the layer is compiled.
+
+Numerics follow model.py: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), packed products on
 activations quantized to int8 per 32. Attention sums in a different order than BLAS, so results agree with
 the reference to float32 rounding, not bit for bit.
 """
@@ -14,9 +18,10 @@ the reference to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
-from . import packed
+from . import floats, packed
 from .attention import attend_one, float_to_half, half_to_float
 
 
@@ -54,35 +59,90 @@ def rope(x, n_heads, head_dim, rope_dim, cos, sin, neox):
             x[j1] = x0 * sin[i] + x1 * cos[i]
 
 
-@njit(cache=True, nogil=True)
-def product(q, s, code, x, out, parallel_min_bytes):
-    """out = W x̂ for the packed weight (q, s), on all threads when W is big enough to repay the launch."""
-    if q.nbytes + s.nbytes >= parallel_min_bytes:
-        packed.matvec(q, s, code, x, out)
-    else:
-        packed.matvec_serial(q, s, code, x, out)
+def product(w, x, out, parallel_min_bytes):
+    """out = W x for a weight tuple (module docstring), on all threads when W is big enough to repay the
+    launch. Compiled code only."""
+    raise NotImplementedError("decode.product runs inside compiled kernels only")
 
 
-@njit(cache=True, nogil=True)
+def _is_packed(w) -> bool:
+    return isinstance(w, types.BaseTuple) and len(w.types) == 3
+
+
+@overload(product, jit_options={"nogil": True})
+def _product(w, x, out, parallel_min_bytes):
+    if _is_packed(w):
+
+        def packed_product(w, x, out, parallel_min_bytes):
+            q, s, code = w
+            if q.nbytes + s.nbytes >= parallel_min_bytes:
+                packed.matvec(q, s, code, x, out)
+            else:
+                packed.matvec_serial(q, s, code, x, out)
+
+        return packed_product
+
+    def float_product(w, x, out, parallel_min_bytes):
+        data, bf16 = w
+        if data.nbytes >= parallel_min_bytes:
+            floats.matvec(data, bf16, x, out)
+        else:
+            floats.matvec_serial(data, bf16, x, out)
+
+    return float_product
+
+
 def products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
-    """oa, ob, oc = A x̂, B x̂, C x̂ for packed weights given as (q, s, code): one launch when the formats agree."""
-    big = a[0].nbytes + b[0].nbytes + c[0].nbytes >= parallel_min_bytes
-    if big and a[2] == b[2] and a[2] == c[2]:
-        packed.matvec_many((a[0], b[0], c[0]), (a[1], b[1], c[1]), a[2], x, (oa, ob, oc))
-    else:
-        product(a[0], a[1], a[2], x, oa, parallel_min_bytes)
-        product(b[0], b[1], b[2], x, ob, parallel_min_bytes)
-        product(c[0], c[1], c[2], x, oc, parallel_min_bytes)
+    """oa, ob, oc = A x, B x, C x: one parallel launch when all three are packed in one format. Compiled only."""
+    raise NotImplementedError("decode.products3 runs inside compiled kernels only")
 
 
-@njit(cache=True, nogil=True)
+@overload(products3, jit_options={"nogil": True})
+def _products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
+    if _is_packed(a) and _is_packed(b) and _is_packed(c):
+
+        def packed_products(a, b, c, x, oa, ob, oc, parallel_min_bytes):
+            big = a[0].nbytes + b[0].nbytes + c[0].nbytes >= parallel_min_bytes
+            if big and a[2] == b[2] and a[2] == c[2]:
+                packed.matvec_many((a[0], b[0], c[0]), (a[1], b[1], c[1]), a[2], x, (oa, ob, oc))
+            else:
+                product(a, x, oa, parallel_min_bytes)
+                product(b, x, ob, parallel_min_bytes)
+                product(c, x, oc, parallel_min_bytes)
+
+        return packed_products
+
+    def each(a, b, c, x, oa, ob, oc, parallel_min_bytes):
+        product(a, x, oa, parallel_min_bytes)
+        product(b, x, ob, parallel_min_bytes)
+        product(c, x, oc, parallel_min_bytes)
+
+    return each
+
+
 def products2(a, b, x, oa, ob, parallel_min_bytes):
-    """oa, ob = A x̂, B x̂ for packed weights given as (q, s, code): one launch when the formats agree."""
-    if a[0].nbytes + b[0].nbytes >= parallel_min_bytes and a[2] == b[2]:
-        packed.matvec_many((a[0], b[0]), (a[1], b[1]), a[2], x, (oa, ob))
-    else:
-        product(a[0], a[1], a[2], x, oa, parallel_min_bytes)
-        product(b[0], b[1], b[2], x, ob, parallel_min_bytes)
+    """oa, ob = A x, B x: one parallel launch when both are packed in one format. Compiled only."""
+    raise NotImplementedError("decode.products2 runs inside compiled kernels only")
+
+
+@overload(products2, jit_options={"nogil": True})
+def _products2(a, b, x, oa, ob, parallel_min_bytes):
+    if _is_packed(a) and _is_packed(b):
+
+        def packed_products(a, b, x, oa, ob, parallel_min_bytes):
+            if a[0].nbytes + b[0].nbytes >= parallel_min_bytes and a[2] == b[2]:
+                packed.matvec_many((a[0], b[0]), (a[1], b[1]), a[2], x, (oa, ob))
+            else:
+                product(a, x, oa, parallel_min_bytes)
+                product(b, x, ob, parallel_min_bytes)
+
+        return packed_products
+
+    def each(a, b, x, oa, ob, parallel_min_bytes):
+        product(a, x, oa, parallel_min_bytes)
+        product(b, x, ob, parallel_min_bytes)
+
+    return each
 
 
 @njit(cache=True, nogil=True)
@@ -98,7 +158,7 @@ def layer(
 ):
     """x (d,) float32, in place: one token at position pos through a pre-norm RMSNorm/RoPE/SwiGLU layer.
 
-    norms: (attn_norm, ffn_norm), each (d,). w*: packed weights as (q, s, code). biases: (bq, bk, bv), empty
+    norms: (attn_norm, ffn_norm), each (d,). w*: weight tuples (module docstring). biases: (bq, bk, bv), empty
     arrays when the layer has none. kc, vc (n_kv, n_ctx, hd): the layer's cache as float16 bit patterns
     (uint16); position pos is written.
     cos, sin (rope_dim/2,): this position's rotation. shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff).
@@ -125,7 +185,7 @@ def layer(
             vc[j, pos, i] = float_to_half(v[j * hd + i])
     a = np.empty(n_head * hd, dtype=np.float32)
     attend_one(q, kc, vc, pos + 1, n_head, a)
-    product(wo[0], wo[1], wo[2], a, h, parallel_min_bytes)
+    product(wo, a, h, parallel_min_bytes)
     for i in range(d):
         x[i] += h[i]
 
@@ -137,6 +197,6 @@ def layer(
     for i in range(d_ff):
         g = gate[i]
         gate[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
-    product(w_down[0], w_down[1], w_down[2], gate, h, parallel_min_bytes)
+    product(w_down, gate, h, parallel_min_bytes)
     for i in range(d):
         x[i] += h[i]

@@ -25,7 +25,7 @@ def close(ours: np.ndarray, ref: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
-@pytest.mark.parametrize("matrix_type", [T.Q8_0, T.F32, T.Q4_0, T.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("matrix_type", [T.Q8_0, T.F32, T.Q4_0, T.F16, T.BF16], ids=lambda t: t.name)
 def test_forward_matches_reference(tmp_path, arch: str, matrix_type: T) -> None:
     tiny = write_tiny_model(tmp_path / f"{arch}.gguf", arch, matrix_type=matrix_type)
     model = load_model(tiny.path, n_ctx=64)
