@@ -16,7 +16,7 @@ import numpy as np
 from .config import ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
-from .kernels import DecodeLayer, causal_attention, embedding_rows, float_products_active, matmul
+from .kernels import DecodeLayer, causal_attention, embedding_rows, float_products_active, matmul, swiglu
 from .weights import LayerWeights, Weights
 
 if TYPE_CHECKING:
@@ -288,7 +288,7 @@ class Model:
             x += self._bias(matmul(lw.wo, a), lw.bo)
             h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
             if lw.w_gate is not None:
-                h = silu(matmul(lw.w_gate, h)) * matmul(lw.w_up, h)  # (t, d_ff)
+                h = swiglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): silu(gate) * up
             else:
                 h = gelu(self._bias(matmul(lw.w_up, h), lw.b_up))
             x += self._bias(matmul(lw.w_down, h), lw.b_down)

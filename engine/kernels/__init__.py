@@ -1,8 +1,8 @@
 """The kernel layer: the only place the forward pass touches quantized weights.
 
 It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `WeightMatrix`, `causal_attention`
-over the float16 cache, and `DecodeLayer` (one token through a whole layer, decode.py) -- so that another
-backend can provide the same few functions (engine/gpu runs the forward pass on CuPy arrays).
+over the float16 cache, `swiglu`, and `DecodeLayer` (one token through a whole layer, decode.py) -- so that
+another backend can provide the same few functions (engine/gpu runs the forward pass on CuPy arrays).
 
 Products of the common quantized types (PACKED_TYPES) run on a repacked copy of the weight (packed.py, with
 the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
@@ -394,6 +394,15 @@ class DecodeLayer:
             vc.view(np.uint16), cos, sin,
             self._shape, self._eps, PARALLEL_MIN_BYTES,
         )  # fmt: skip
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up for gate, up (t, d_ff) float32 -> (t, d_ff) float32, compiled and parallel."""
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    up = np.ascontiguousarray(up, dtype=np.float32)
+    out = np.empty_like(gate)
+    attention.swiglu(gate, up, out)
+    return out
 
 
 def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:

@@ -1,6 +1,8 @@
 """Attention over the KV cache, compiled: one query per head (decode), and blocks of queries (prefill), whose
 two products go to BLAS's sgemm, called from the parallel loop so that both cores run one block each.
 
+The SwiGLU activation lives here too, beside the exp it shares with the softmax.
+
 Numerics follow model.attention (the NumPy reference) up to summation order and an exp that is within 1e-7
 relative of the exact one, so results agree to float32 rounding, not bit for bit.
 """
@@ -64,6 +66,22 @@ def exp_nonpositive(x):
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
     return p * _int_bits_as_float((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit(inline="always", cache=True, nogil=True, fastmath={"contract"})
+def silu(g):
+    """g · sigmoid(g) in float32, through exp of -|g| only (exp_nonpositive): vectorizes, never overflows."""
+    e = exp_nonpositive(-abs(g))
+    sig = np.float32(1.0) / (np.float32(1.0) + e) if g >= 0 else e / (np.float32(1.0) + e)
+    return g * sig
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath={"contract"})
+def swiglu(gate, up, out):
+    """out (t, d_ff) = silu(gate) * up, rows in parallel."""
+    for i in prange(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            out[i, j] = silu(gate[i, j]) * up[i, j]
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

@@ -22,7 +22,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from . import floats, packed
-from .attention import attend_one, float_to_half, half_to_float
+from .attention import attend_one, float_to_half, half_to_float, silu
 
 
 @njit(cache=True, nogil=True)
@@ -195,8 +195,7 @@ def layer(
     up = np.empty(d_ff, dtype=np.float32)
     products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
     for i in range(d_ff):
-        g = gate[i]
-        gate[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
+        gate[i] = silu(gate[i]) * up[i]
     product(w_down, gate, h, parallel_min_bytes)
     for i in range(d):
         x[i] += h[i]

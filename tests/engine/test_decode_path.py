@@ -10,7 +10,7 @@ from numba import njit
 from engine import kernels, load_model
 from engine.kernels import attention as attention_kernels
 from engine.kernels import causal_attention, decode
-from engine.model import attention, half_round
+from engine.model import attention, half_round, silu
 from tests.engine.synthetic import write_tiny_model
 from tests.engine.test_chat import assert_close_logits
 
@@ -126,3 +126,15 @@ def test_fused_decode_runs_16_bit_float_weights(tmp_path, arch: str, matrix_type
         finally:
             model.fused_decode = True
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
+
+
+def test_swiglu_matches_numpy() -> None:
+    """The compiled SwiGLU (both signs of the gate, and gates far out where exp(-g) overflows float32) against
+    the NumPy reference model.silu, in float64."""
+    rng = np.random.default_rng(3)
+    far = np.array([[-200.0, -88.0, 0.0, 88.0, 200.0] * 8])  # (1, 40)
+    gate = np.concatenate([rng.standard_normal((3, 40)) * 4, far]).astype(np.float32)  # (4, 40)
+    up = rng.standard_normal(gate.shape).astype(np.float32)
+    want = silu(gate.astype(np.float64)) * up
+    got = kernels.swiglu(gate, up)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
