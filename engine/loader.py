@@ -94,7 +94,7 @@ def load_model(
     if kernels_compiled():
         say("loading kernels")
     else:
-        say("compiling kernels: first start only, about a minute")
+        say("compiling kernels: first start only, about two minutes")
     model.logits([0])  # the one-token (matvec) path
     model.logits([0, 0])  # the prompt (tiled matmul) path
     model.load_s = time.perf_counter() - t0
