@@ -4,11 +4,12 @@ It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `Weight
 over the float16 cache, `swiglu`, and `DecodeLayer` (one token through a whole layer, decode.py) -- so that
 another backend can provide the same few functions (engine/gpu runs the forward pass on CuPy arrays).
 
-Products of the common quantized types (PACKED_TYPES) run on a repacked copy of the weight (packed.py, with
+Products of the quantized types (PACKED_TYPES: all of them) run on a repacked copy of the weight (packed.py, with
 the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
-F16 and BF16 weights run floats.py on their 16-bit values; Q2_K keeps the per-row float kernels of cpu.py.
+F16 and BF16 weights run floats.py on their 16-bit values. cpu.py keeps per-row float kernels of every type, for
+reference and for the float32 path.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ Per format (raw block layout -> q bytes, s fields):
   Q5_0  22 B: d | qh[4] | qs[16]      q = qs[16]                        s = d, qh bits 0-15, 16-31 (reordered)
   Q5_1  24 B: d m | qh[4] | qs[16]    q = qs[16]                        s = d, m, qh bits 0-15, 16-31 (reordered)
   Q8_0  34 B: d | qs[32]              q = qs[32]                        s = d
+  Q2_K  84 B: sc[16] | qs[64] | d dmin
+                                      q = qs[64], sc[16]                s = d, dmin
   Q3_K 110 B: hmask[32] | qs[64] | sc[12] | d
                                       q = qs[64], hmask[32], scale[16]  s = d
   Q4_K 144 B: d dmin | sc[12] | qs    q = qs[128], scale[8], min[8]     s = d, dmin
@@ -44,7 +46,7 @@ from numba.extending import intrinsic
 
 from . import simd
 from .blocks import i8, k4_scale_min, q3_k_scale
-from .cpu import Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
+from .cpu import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
 LANES = simd.LANES  # rows per chunk: one register of byte pairs
@@ -58,6 +60,7 @@ LAYOUT = {
     Q5_0: (16, ((6, 0, 16),), (0, 2, 4)),  # s = d, qh bits 0-15, 16-31 (see qh_order)
     Q5_1: (16, ((8, 0, 16),), (0, 2, 4, 6)),  # s = d, m, qh bits 0-15, 16-31 (see qh_order)
     Q8_0: (32, ((2, 0, 32),), (0,)),
+    Q2_K: (80, ((16, 0, 64), (0, 64, 16)), (80, 82)),  # q = qs[64], scales[16]; s = d, dmin
     Q3_K: (112, ((32, 0, 64), (0, 64, 32)), (108,)),  # + the 12 packed scale bytes at 96, as int8 in q[96:112]
     Q4_K: (144, ((16, 0, 128),), (0, 2)),  # + the 12 packed scale bytes at 4, decoded into q[128:144]
     Q5_K: (176, ((48, 0, 128), (16, 144, 32)), (0, 2)),  # as Q4_K, and qh[32] at q[144:176]
@@ -311,6 +314,31 @@ def group_k_quant(q, s, g, xq, dx, xsum, acc, isum, isum2, fd, fm, fifth_bit):
 
 
 @njit(inline="always", cache=True, nogil=True)
+def group_q2_k(q, s, g, xq, dx, xsum, acc, isum, fd, fm):
+    for b in range(q.shape[1]):
+        fd[:] = 0
+        fm[:] = 0
+        for n in range(2):  # 128-value halves: qs[n*32 : n*32 + 32]
+            for j in range(4):  # values n*128 + 32j + ll: bits 2j of qs[n*32 + ll]
+                xb = b * 8 + n * 4 + j
+                d = dx[xb]
+                for h in range(2):  # 16-value runs, each with its own scale and min
+                    isum[:] = 0
+                    for m in range(16):
+                        ll = 16 * h + m
+                        xv = np.int32(xq[xb, ll])
+                        for r in range(ROWS):
+                            isum[r] += bits(qbyte(q, g, b, 32 * n + ll, r), 2 * j, 3) * xv
+                    sc = 64 + n * 8 + 2 * j + h
+                    for r in range(ROWS):
+                        scale_min = np.int32(qbyte(q, g, b, sc, r))
+                        fd[r] += d * np.float32(np.int32((scale_min & 15) * isum[r]))
+                        fm[r] += d * np.float32(np.int32((scale_min >> 4) * xsum[xb, h]))
+        for r in range(ROWS):
+            acc[r] += h2f(s[g, b, 0, r]) * fd[r] - h2f(s[g, b, 1, r]) * fm[r]
+
+
+@njit(inline="always", cache=True, nogil=True)
 def group_q3_k(q, s, g, xq, dx, xsum, acc, isum, fd):
     for b in range(q.shape[1]):
         fd[:] = 0
@@ -389,6 +417,10 @@ def group_reference(q, s, code, g, xq, dx, xsum, acc):
         f0 = np.empty(ROWS, dtype=np.float32)
         f1 = np.empty(ROWS, dtype=np.float32)
         group_k_quant(q, s, g, xq, dx, xsum, acc, t0, t1, f0, f1, code == Q5_K)
+    elif code == Q2_K:
+        f0 = np.empty(ROWS, dtype=np.float32)
+        f1 = np.empty(ROWS, dtype=np.float32)
+        group_q2_k(q, s, g, xq, dx, xsum, acc, t0, f0, f1)
     elif code == Q3_K:
         f0 = np.empty(ROWS, dtype=np.float32)
         group_q3_k(q, s, g, xq, dx, xsum, acc, t0, f0)
@@ -426,6 +458,9 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 32, dx, xsf, b, acc)
+    elif code == Q2_K:
+        for b in range(nb):
+            simd.block_q2_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
     elif code == Q3_K:
         for b in range(nb):
             simd.block_q3_k(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * 256, dx, xsf, b * 8, acc)
@@ -479,6 +514,10 @@ def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
     elif code == Q8_0:
         for b in range(nb):
             simd.block_q8_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+    elif code == Q2_K:
+        for b in range(nb):
+            so = s0 + b * sstep
+            simd.block_q2_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q3_K:
         for b in range(nb):
             so = s0 + b * sstep

@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
-from .cpu import Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
+from .cpu import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0
 
 ROWS = 64  # rows per group (packed.ROWS)
 LANES = 16  # rows per register: 32 bytes = 16 rows x 2 bytes
@@ -449,6 +449,47 @@ def _emit_q6_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token])
             e.add_to_acc(acc, t, c, b.fmul(d, e.from_parity(fd[i])))
 
 
+# ---- Q2_K: 256 values; qs[64] (pairs 0-31), scales[16] (pairs 32-39: scale in the low nibble, min high) ---
+# Value n*128 + 32j + l (n < 2, j < 4, l < 32) = bits 2j of qs[32n + l]; run n*8 + 2j + l // 16 has its own
+# scale and min: W = d * scale * value - dmin * min. Values <= 3: a run (8 pairs) per 16-bit accumulator
+# (<= 6096), scaled and widened (scale <= 15); the two runs of a 32-block meet in one 32-bit sum.
+
+
+def _emit_q2_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token]) -> None:
+    b = e.b
+    with e.chunks() as c:
+        fd = [_splat_const(F32, LANES, 0.0)] * len(toks)  # in parity order (`scaled_sums`)
+        fm = [_splat_const(F32, LANES, 0.0)] * len(toks)  # the mins against the sums of x̂, parity order
+        for n in range(2):
+            for j in range(4):
+                isum = [_zero32()] * len(toks)
+                msum = [_zero32()] * len(toks)
+                for h in range(2):  # 16-value runs with their own scale and min
+                    idx = n * 8 + 2 * j + h
+                    sc16 = b.zext(e.even_odd_bytes(e.qpair(q, qo, c, 32 + idx // 2))[idx % 2], _vt(I16, LANES))
+                    scale = e.by_parity(b.and_(sc16, _splat_const(I16, LANES, 15)))
+                    mn = e.by_parity(b.lshr(sc16, _splat_const(I16, LANES, 4)))
+                    acc16 = [_zero16()] * len(toks)
+                    for pp in range(8):
+                        ll = h * 16 + 2 * pp
+                        v = e.bits16(e.qpair16(q, qo, c, (32 * n + ll) // 2), -2 * j, 0x0303)
+                        for i, t in enumerate(toks):
+                            acc16[i] = b.add(acc16[i], e.maddubs(v, e.xpair(xq, t, (4 * n + j) * 32 + ll)))
+                    for i, t in enumerate(toks):
+                        blk = e.at(t.xb, n * 4 + j)
+                        sx16 = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))  # |sum| <= 2032
+                        isum[i] = b.add(isum[i], e.scaled_sums(acc16[i], scale))
+                        msum[i] = b.add(msum[i], e.scaled_sums(e.splat(b.trunc(sx16, I16), LANES), mn))
+                for i, t in enumerate(toks):
+                    d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, n * 4 + j)))
+                    fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(isum[i])))
+                    fm[i] = b.fadd(fm[i], b.fmul(d_x, e.to_float(msum[i])))
+        d = e.halves(s, e.rows(so, c))
+        dmin = e.halves(s, e.rows(so, c, 1))
+        for i, t in enumerate(toks):
+            e.add_to_acc(acc, t, c, b.fsub(b.fmul(d, e.from_parity(fd[i])), b.fmul(dmin, e.from_parity(fm[i]))))
+
+
 # ---- Q3_K: 256 values; qs[64] (pairs 0-31), hmask[32] (pairs 32-47), int8 scales[16] (pairs 48-55) ------
 # Value n*128 + 32j + l (n < 2, j < 4, l < 32): low 2 bits = bits 2j of qs[32n + l], third bit = bit 4n + j
 # of hmask[l], minus 4; scale n*8 + 2j + l // 16. Values <= 7: a 16-value run (8 pairs) per 16-bit
@@ -564,6 +605,7 @@ block_q4_1 = _one("block_q4_1", _emit_q4_1, 16, "acc += W[group] @ x̂ over one 
 block_q5_0 = _one("block_q5_0", _emit_q5_0, 16, "acc += W[group] @ x̂ over one Q5_0 block.")
 block_q5_1 = _one("block_q5_1", _emit_q5_1, 16, "acc += W[group] @ x̂ over one Q5_1 block.")
 block_q8_0 = _one("block_q8_0", _emit_q8_0, 32, "acc += W[group] @ x̂ over one Q8_0 block.")
+block_q2_k = _one("block_q2_k", _emit_q2_k, 80, "acc += W[group] @ x̂ over one Q2_K super-block.")
 block_q3_k = _one("block_q3_k", _emit_q3_k, 112, "acc += W[group] @ x̂ over one Q3_K super-block.")
 block_q4_k = _one("block_q4_k", _emit_q4_k, 144, "acc += W[group] @ x̂ over one Q4_K super-block.")
 block_q5_k = _one("block_q5_k", _emit_q5_k, 176, "acc += W[group] @ x̂ over one Q5_K super-block.")
@@ -574,6 +616,7 @@ block_q4_1_tile = _tile("block_q4_1_tile", _emit_q4_1, 16, "block_q4_1 for TILE 
 block_q5_0_tile = _tile("block_q5_0_tile", _emit_q5_0, 16, "block_q5_0 for TILE tokens at once.")
 block_q5_1_tile = _tile("block_q5_1_tile", _emit_q5_1, 16, "block_q5_1 for TILE tokens at once.")
 block_q8_0_tile = _tile("block_q8_0_tile", _emit_q8_0, 32, "block_q8_0 for TILE tokens at once.")
+block_q2_k_tile = _tile("block_q2_k_tile", _emit_q2_k, 80, "block_q2_k for TILE tokens at once.")
 block_q3_k_tile = _tile("block_q3_k_tile", _emit_q3_k, 112, "block_q3_k for TILE tokens at once.")
 block_q4_k_tile = _tile("block_q4_k_tile", _emit_q4_k, 144, "block_q4_k for TILE tokens at once.")
 block_q5_k_tile = _tile("block_q5_k_tile", _emit_q5_k, 176, "block_q5_k for TILE tokens at once.")
@@ -585,6 +628,7 @@ BLOCK_KERNELS = {
     Q5_0: block_q5_0,
     Q5_1: block_q5_1,
     Q8_0: block_q8_0,
+    Q2_K: block_q2_k,
     Q3_K: block_q3_k,
     Q4_K: block_q4_k,
     Q5_K: block_q5_k,
