@@ -6,6 +6,7 @@ forward pass (engine/model.py) reads it. Adding a llama-like family is a new tab
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,10 @@ class ModelConfig:
             )
         if self.spec.positions == "rope" and (self.rope_dim > self.head_dim or self.rope_dim % 2):
             raise ModelFileError(f"metadata {self.arch}: rope.dimension_count {self.rope_dim} does not fit the heads")
+        if self.spec.positions == "rope" and not (math.isfinite(self.rope_base) and self.rope_base > 0):
+            raise ModelFileError(f"metadata {self.arch}: rope.freq_base {self.rope_base} is not a positive number")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
+            raise ModelFileError(f"metadata {self.arch}: norm epsilon {self.norm_eps} is not a number >= 0")
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], bool]]:
         """Every tensor name the forward pass reads -> (ggml shape, required)."""

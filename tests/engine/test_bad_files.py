@@ -117,3 +117,18 @@ def test_fuzzed_headers_load_or_fail_cleanly(tmp_path: Path, tiny_bytes: bytes, 
         load_model(path, n_ctx=32)
     except EngineError:
         pass
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("rope.freq_base", -1.0), ("rope.freq_base", float("nan")), ("attention.layer_norm_rms_epsilon", float("inf"))],
+)
+def test_nonsense_float_metadata_is_refused(tmp_path: Path, key: str, value: float) -> None:
+    """A negative or non-finite RoPE base or norm epsilon would turn every logit into nan: refused at load."""
+    from engine.config import ModelConfig
+
+    tiny = write_tiny_model(tmp_path / "m.gguf", "llama")
+    meta = dict(open_gguf(tiny.path).metadata)
+    meta[f"llama.{key}"] = value
+    with pytest.raises(ModelFileError, match=key.split(".")[-1].replace("layer_norm_rms_epsilon", "epsilon")):
+        ModelConfig.from_metadata(meta, n_vocab=tiny.n_vocab)
