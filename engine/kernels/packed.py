@@ -213,7 +213,9 @@ def group_q4_1(q, s, g, xq, dx, xsum, acc, isum):
 
 
 @njit(inline="always", cache=True, nogil=True)
-def group_q5_0(q, s, g, xq, dx, xsum, acc, isum):
+def group_q5(q, s, g, xq, dx, xsum, acc, isum, with_min):
+    """Q5_0 (values - 16), or Q5_1 with its min (s[1]); the qh fields are the last two of s."""
+    qh = 2 if with_min else 1
     for b in range(q.shape[1]):
         isum[:] = 0
         for j in range(16):
@@ -222,32 +224,18 @@ def group_q5_0(q, s, g, xq, dx, xsum, acc, isum):
             k = (j >> 1) + 8 * (j & 1)
             for r in range(ROWS):
                 v = np.int32(qbyte(q, g, b, j, r))
-                lo = (v & 15) | (bits(s[g, b, 1, r], k, 1) << 4)  # qh bit j (see qh_order)
-                hi = (v >> 4) | (bits(s[g, b, 2, r], k, 1) << 4)  # qh bit j + 16
+                lo = (v & 15) | (bits(s[g, b, qh, r], k, 1) << 4)  # qh bit j (see qh_order)
+                hi = (v >> 4) | (bits(s[g, b, qh + 1, r], k, 1) << 4)  # qh bit j + 16
                 isum[r] += lo * xa + hi * xb
-        off = np.int32(16 * (xsum[b, 0] + xsum[b, 1]))
         d = dx[b]
-        for r in range(ROWS):
-            acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(np.int32(isum[r] - off)))
-
-
-@njit(inline="always", cache=True, nogil=True)
-def group_q5_1(q, s, g, xq, dx, xsum, acc, isum):
-    for b in range(q.shape[1]):
-        isum[:] = 0
-        for j in range(16):
-            xa = np.int32(xq[b, j])
-            xb = np.int32(xq[b, j + 16])
-            k = (j >> 1) + 8 * (j & 1)
+        if with_min:
+            sx = d * np.float32(xsum[b, 0] + xsum[b, 1])  # sum of x̂ over the block, for the min
             for r in range(ROWS):
-                v = np.int32(qbyte(q, g, b, j, r))
-                lo = (v & 15) | (bits(s[g, b, 2, r], k, 1) << 4)  # qh bit j (see qh_order)
-                hi = (v >> 4) | (bits(s[g, b, 3, r], k, 1) << 4)  # qh bit j + 16
-                isum[r] += lo * xa + hi * xb
-        d = dx[b]
-        sx = d * np.float32(xsum[b, 0] + xsum[b, 1])  # sum of x̂ over the block, for the min
-        for r in range(ROWS):
-            acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(isum[r])) + h2f(s[g, b, 1, r]) * sx
+                acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(isum[r])) + h2f(s[g, b, 1, r]) * sx
+        else:
+            off = np.int32(16 * (xsum[b, 0] + xsum[b, 1]))  # the -16 of every value
+            for r in range(ROWS):
+                acc[r] += h2f(s[g, b, 0, r]) * (d * np.float32(np.int32(isum[r] - off)))
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -407,9 +395,9 @@ def group_reference(q, s, code, g, xq, dx, xsum, acc):
     elif code == Q4_1:
         group_q4_1(q, s, g, xq, dx, xsum, acc, t0)
     elif code == Q5_0:
-        group_q5_0(q, s, g, xq, dx, xsum, acc, t0)
+        group_q5(q, s, g, xq, dx, xsum, acc, t0, False)
     elif code == Q5_1:
-        group_q5_1(q, s, g, xq, dx, xsum, acc, t0)
+        group_q5(q, s, g, xq, dx, xsum, acc, t0, True)
     elif code == Q8_0:
         group_q8_0(q, s, g, xq, dx, xsum, acc, t0)
     elif code == Q4_K or code == Q5_K:
