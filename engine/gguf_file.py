@@ -26,11 +26,20 @@ class TensorEntry:
     data: np.ndarray  # a view into the file mapping
 
 
+# The vocabulary arrays: read once to build the tokenizer, which keeps what it needs.
+VOCABULARY_KEYS = tuple(f"tokenizer.ggml.{key}" for key in ("tokens", "token_type", "scores", "merges"))
+
+
 @dataclass(frozen=True)
 class GGUFFile:
     path: Path
     metadata: dict[str, Any]
     tensors: dict[str, TensorEntry]
+
+    def drop_vocabulary(self) -> None:
+        """Forget the vocabulary arrays (~8 MB of Python strings for a 49k vocabulary) once the tokenizer is built."""
+        for key in VOCABULARY_KEYS:
+            self.metadata.pop(key, None)
 
     @property
     def architecture(self) -> str:

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
+from .footprint import install_numba_savings, release_free_heap
 from .gguf_file import open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
-from .runtime import configure_threads, kernels_compiled
+from .runtime import KERNEL_CACHE_DIR, configure_threads, kernels_compiled
 from .weights import bind_weights
 
 # Upper bound on the KV cache we agree to allocate, as a share of physical memory.
@@ -53,6 +54,7 @@ def load_model(
         raise SettingsError(f"gpu layers must be -1 (all) or a number of layers >= 0 (got {gpu_layers!r})")
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
+    install_numba_savings(KERNEL_CACHE_DIR)
     n_threads = configure_threads(threads)
     say("reading model header")
     file = open_gguf(path)
@@ -80,6 +82,7 @@ def load_model(
             f"{file.path.name}: vocabulary has {tokenizer.n_vocab} tokens but token_embd.weight only {cfg.n_vocab} rows"
         )
     warnings.extend(tokenizer.warnings)
+    file.drop_vocabulary()
     say("checking tensors")
     weights = bind_weights(file, cfg)
     model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
@@ -97,5 +100,6 @@ def load_model(
         say("compiling kernels: first start only, about two minutes")
     model.logits([0])  # the one-token (matvec) path
     model.logits([0, 0])  # the prompt (tiled matmul) path
+    release_free_heap()  # what loading parsed and dropped
     model.load_s = time.perf_counter() - t0
     return model

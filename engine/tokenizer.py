@@ -259,9 +259,11 @@ class Tokenizer:
         self.eot_ids = eot_ids
         self.add_bos = add_bos
         self.warnings = warnings
-        self._texts = texts
+        # A byte-level BPE vocabulary lives in the HF tokenizer, which already maps both ways; keeping a
+        # Python copy too would cost ~7 MB for 49k tokens. SentencePiece keeps it here: we encode that ourselves.
+        self._texts: list[str] | None = None if hf is not None else texts
         self._types = types  # one byte per token: its TOKEN_* type
-        self._vocab = vocab  # token text -> id
+        self._vocab: dict[str, int] | None = None if hf is not None else vocab  # token text -> id
         self._hf = hf  # byte-level BPE only
         self._barrier_id = barrier_id  # HF's stand-in for a byte the vocabulary lacks; never returned
         self._scores = scores  # SentencePiece only
@@ -513,20 +515,33 @@ class Tokenizer:
         whole UTF-8 shown as \\xNN, and a token that renders as nothing shown by its vocabulary text."""
         piece = self._piece(token_id)
         if not piece:
-            return self._texts[token_id]
+            return self._text(token_id)
         return piece.decode("utf-8", "backslashreplace").translate(_PRINTABLE)
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose vocabulary text is `text` (e.g. "<|im_end|>", "Ġthe"), else of the token
         that renders as `text` (" the"); None when there is none."""
-        token_id = self._vocab.get(text)
+        token_id = self._lookup(text)
         if token_id is None:
             if self._spm:
                 spelled = text.replace(" ", _SPM_SPACE)
             else:
                 spelled = text.encode().decode("latin-1").translate(_LATIN1_TO_ALPHABET)
-            token_id = self._vocab.get(spelled)
+            token_id = self._lookup(spelled)
         return token_id
+
+    def _text(self, token_id: int) -> str:
+        """Token `token_id`'s vocabulary text (an id already checked)."""
+        if self._texts is not None:
+            return self._texts[token_id]
+        return self._hf.id_to_token(token_id)
+
+    def _lookup(self, text: str) -> int | None:
+        """The id of the vocabulary text `text`, if it is one."""
+        if self._vocab is not None:
+            return self._vocab.get(text)
+        token_id = self._hf.token_to_id(text)
+        return token_id if token_id is not None and token_id < self.n_vocab else None  # not the barrier
 
     def is_control(self, token_id: int) -> bool:
         """Whether the token is a control token (<|im_start|>, </s>, ...), not text the model writes."""
@@ -546,7 +561,7 @@ class Tokenizer:
         return piece
 
     def _make_piece(self, token_id: int) -> bytes:
-        text, kind = self._texts[token_id], self._types[token_id]
+        text, kind = self._text(token_id), self._types[token_id]
         if kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
             return text.encode()
         if kind == TOKEN_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):

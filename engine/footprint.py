@@ -1,0 +1,132 @@
+"""Keep the process's resident memory small: two savings in Numba's runtime, and giving freed heap back.
+
+Measured on SmolLM2-135M (Q4_1, 92 MB of packed weights), peak RSS for a 256-token prompt and 128 tokens went
+from 319 MB to about 265 MB with all three:
+
+- Numba compiles its runtime module (NRT: a few atomic refcount functions) through LLVM's full optimizer and
+  code generator at every start, even when every kernel comes from the cache. That alone touches ~20 MB of
+  LLVM's code pages. We keep its object code in the kernel cache and load it like any cached kernel.
+- A cached kernel's entry holds, beside its machine code, the LLVM bitcode of its module, which Numba parses
+  into an in-memory module on load in case a later compilation links against it. Parsed, that is 10-20x the
+  bitcode: ~11 MB for the one-call decode layer. We read it only for its symbol names and parse it again if
+  a compilation ever asks for it (a new kernel signature linking this one; never on a warm start).
+- Parsing leaves the C heap with freed holes that glibc keeps; `release_free_heap` returns them.
+
+Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod). When those are
+not as expected, nothing is changed and Numba runs as shipped: the savings are memory, never correctness.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+_installed = False
+
+
+def install_numba_savings(cache_dir: Path) -> bool:
+    """Patch Numba (once per process) to cache its runtime module in cache_dir and parse link modules lazily.
+
+    Returns whether the patches are in place. Call before the first kernel runs for the runtime-module saving.
+    """
+    global _installed
+    if _installed:
+        return True
+    try:
+        import llvmlite
+        import llvmlite.binding as llvm
+        import numba
+        from numba.core import codegen
+        from numba.core.runtime import nrtdynmod
+    except ImportError:
+        return False
+    library_class = codegen.CPUCodeLibrary
+    needed = (
+        hasattr(nrtdynmod, "compile_nrt_functions") and hasattr(nrtdynmod, "create_nrt_module"),
+        isinstance(library_class.__dict__.get("_unserialize"), classmethod),
+        callable(library_class.__dict__.get("_get_module_for_linking")),
+    )
+    if not all(needed):
+        return False
+    _cache_runtime_module(nrtdynmod, cache_dir, f"{numba.__version__}-{llvmlite.__version__}")
+    _parse_link_modules_lazily(library_class, llvm)
+    _installed = True
+    return True
+
+
+def _cache_runtime_module(nrtdynmod: Any, cache_dir: Path, versions: str) -> None:
+    compile_nrt = nrtdynmod.compile_nrt_functions
+
+    def compile_or_load(ctx: Any) -> Any:
+        codegen = ctx.codegen()
+        # The same key Numba's own cache checks: target triple, host CPU and its features.
+        machine = hashlib.sha256(repr((versions, codegen.magic_tuple())).encode()).hexdigest()[:16]
+        path = cache_dir / f"numba-runtime-{machine}.pkl"
+        try:
+            state = pickle.loads(path.read_bytes())
+            if not (isinstance(state, tuple) and len(state) == 3 and state[:2] == ("nrt", "object")):
+                raise ValueError("not a runtime module")
+            return codegen.unserialize_library(state)
+        except Exception:  # absent, unreadable or foreign: build it as Numba does
+            pass
+        ir_module, library = nrtdynmod.create_nrt_module(ctx)
+        library.enable_object_caching()
+        library.add_ir_module(ir_module)
+        library.finalize()
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(library.serialize_using_object_code()))
+            tmp.replace(path)
+        except OSError:
+            pass  # a read-only cache costs the compile next time, nothing else
+        return library
+
+    compile_or_load.__wrapped__ = compile_nrt  # type: ignore[attr-defined]
+    nrtdynmod.compile_nrt_functions = compile_or_load
+
+
+def _parse_link_modules_lazily(library_class: type, llvm: Any) -> None:
+    unserialize = library_class._unserialize.__func__
+    module_for_linking = library_class._get_module_for_linking
+
+    def lean_unserialize(cls: type, codegen: Any, state: tuple) -> Any:
+        name, kind, data = state
+        if kind != "object":
+            return unserialize(cls, codegen, state)
+        object_code, link_bitcode = data
+        library = codegen.create_library(name)
+        library.enable_object_caching()
+        library._set_compiled_object(object_code)
+        module = llvm.parse_bitcode(link_bitcode)
+        library._finalize_final_module()
+        library._codegen._engine._load_defined_symbols(module)  # all that loading needs the module for
+        del module
+        library._link_bitcode = link_bitcode
+        return library
+
+    def lazy_module_for_linking(self: Any) -> Any:
+        bitcode = getattr(self, "_link_bitcode", None)
+        if bitcode is not None and self._shared_module is None:
+            self._shared_module = llvm.parse_bitcode(bitcode)
+        return module_for_linking(self)
+
+    library_class._unserialize = classmethod(lean_unserialize)
+    library_class._get_module_for_linking = lazy_module_for_linking
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim); a no-op elsewhere."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)
