@@ -16,7 +16,16 @@ import numpy as np
 from .config import ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
-from .kernels import DecodeLayer, causal_attention, embedding_rows, float_products_active, matmul, swiglu
+from .kernels import (
+    DecodeLayer,
+    causal_attention,
+    embedding_rows,
+    float_products_active,
+    matmul,
+    rms_norm_rows,
+    rope_into_cache,
+    swiglu,
+)
 from .weights import LayerWeights, Weights
 
 if TYPE_CHECKING:
@@ -31,7 +40,7 @@ class ContextFullError(EngineError):
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    # x (t, d) -> (t, d)
+    # x (t, d) -> (t, d). The NumPy statement (the GPU path's reference); the CPU pass runs kernels.rms_norm_rows.
     return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * w
 
 
@@ -195,6 +204,7 @@ class Model:
         n_pos = max(n_ctx, 1)
         if cfg.spec.positions == "rope":
             self._cos, self._sin = rope_tables(cfg, n_pos, weights.rope_freqs)
+            self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_dim, cfg.spec.rope_neox)
         self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
         self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
@@ -276,15 +286,17 @@ class Model:
             lw = w.layers[li]
             h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
             q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
-            if cfg.spec.positions == "rope":
-                cos, sin = self._cos[start:end], self._sin[start:end]
-                q = apply_rope(q, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
-                k = apply_rope(k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
             # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
             # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
-            cache.k[ci, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd), rounded to float16
-            cache.v[ci, :, start:end] = v.transpose(1, 0, 2)
-            a = causal_attention(half_round(q), cache.k[ci], cache.v[ci], start)  # (t, n_head·hd)
+            if cfg.spec.positions == "rope":  # rotate, round q, store k and v: compiled, as the decode layer
+                cos, sin = self._cos[start:end], self._sin[start:end]
+                rows = (q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1))  # views: q and k change in place
+                rope_into_cache(*rows, cache.k[ci], cache.v[ci], start, cos, sin, self._rope_shape)
+            else:
+                cache.k[ci, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd), rounded to float16
+                cache.v[ci, :, start:end] = v.transpose(1, 0, 2)
+                q = half_round(q)
+            a = causal_attention(q, cache.k[ci], cache.v[ci], start)  # (t, n_head·hd)
             x += self._bias(matmul(lw.wo, a), lw.bo)
             h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
             if lw.w_gate is not None:
@@ -334,7 +346,7 @@ class Model:
 
     def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
         if self.cfg.spec.norm == "rms":
-            return rms_norm(x, weight, self.cfg.norm_eps)
+            return rms_norm_rows(x, weight, self.cfg.norm_eps)
         return layer_norm(x, weight, bias, self.cfg.norm_eps)
 
     @staticmethod

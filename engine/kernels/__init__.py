@@ -397,6 +397,28 @@ class DecodeLayer:
         )  # fmt: skip
 
 
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm of every row of x (t, d) float32 -> (t, d), rows in parallel, each as the decode layer's."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x)
+    decode.rms_norm_rows(x, w, eps, out)
+    return out
+
+
+def rope_into_cache(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
+    cos: np.ndarray, sin: np.ndarray, shape: tuple[int, int, int, int, bool],
+) -> None:  # fmt: skip
+    """Rotate a prompt's q (t, n_head·hd) and k (t, n_kv·hd) in place, round q to float16 values, and write k
+    and v (t, n_kv·hd) into the float16 cache kc, vc (n_kv, n_ctx, hd) at positions start..: the decode
+    layer's arithmetic, row by row in parallel. cos, sin (t, rope_dim/2); shape (n_head, n_kv, hd, rope_dim, neox).
+    """
+    n_head, n_kv, hd, rope_dim, neox = shape
+    decode.rope_into_cache(
+        q, k, v, start, cos, sin, (n_head, n_kv, hd, rope_dim, int(neox)), kc.view(np.uint16), vc.view(np.uint16)
+    )
+
+
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up for gate, up (t, d_ff) float32 -> (t, d_ff) float32, compiled and parallel."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)

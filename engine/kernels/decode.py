@@ -18,7 +18,7 @@ the reference to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import overload
 
 from . import floats, packed
@@ -57,6 +57,32 @@ def rope(x, n_heads, head_dim, rope_dim, cos, sin, neox):
             x0, x1 = x[j0], x[j1]
             x[j0] = x0 * cos[i] - x1 * sin[i]
             x[j1] = x0 * sin[i] + x1 * cos[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def rms_norm_rows(x, w, eps, out):
+    """out (t, d) = each row of x (t, d) through `rms_norm`: a prompt normalized as `layer` normalizes a token."""
+    for i in prange(x.shape[0]):
+        rms_norm(x[i], w, eps, out[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def rope_into_cache(q, k, v, start, cos, sin, shape, kc, vc):
+    """A prompt's q, k, v as `layer` treats one token's, row i at position start + i.
+
+    q (t, n_head·hd), in place: rotated and rounded to float16 values. k, v (t, n_kv·hd): k rotated (in
+    place), then both written to kc, vc (n_kv, n_ctx, hd) as float16 bit patterns. cos, sin (t, rope_dim/2);
+    shape: (n_head, n_kv, head_dim, rope_dim, neox).
+    """
+    n_head, n_kv, hd, rope_dim, neox = shape
+    for i in prange(q.shape[0]):
+        rope(q[i], n_head, hd, rope_dim, cos[i], sin[i], neox != 0)
+        rope(k[i], n_kv, hd, rope_dim, cos[i], sin[i], neox != 0)
+        round_to_half(q[i])
+        for j in range(n_kv):
+            for c in range(hd):
+                kc[j, start + i, c] = float_to_half(k[i, j * hd + c])
+                vc[j, start + i, c] = float_to_half(v[i, j * hd + c])
 
 
 def product(w, x, out, parallel_min_bytes):

@@ -216,7 +216,10 @@ def test_real_model_fully_offloaded_matches_cpu_engine(real) -> None:
     agreement, delta, within = parity(model.logits(ids), dev_logits)
     print(f"{model.name}: all layers + output: top-1 agreement {agreement:.3f}, mean |Δlp| {delta:.4f}")
     assert within, "a device top-1 outside the CPU engine's top-5"
-    assert delta <= 0.05, delta
+    # Float products (device) against int8 ones (CPU): the CPU engine's own rounding noise, measured 0.018-0.022
+    # (Qwen2.5) and 0.044-0.051 (SmolLM2) as the CPU side's norm and rope moved between NumPy and compiled code.
+    # The exact check, with float products on both sides, is in the half-offload test below.
+    assert delta <= 0.06, delta
     ref_top5 = np.array(golden["teacher"][0]["top5_ids"])  # llama.cpp's, as test_golden checks the CPU engine
     assert all(t in ref_top5[i] for i, t in enumerate(dev_logits.argmax(-1)))
 
