@@ -19,7 +19,6 @@ not as expected, nothing is changed and Numba runs as shipped: the savings are m
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import pickle
 from pathlib import Path
@@ -121,12 +120,9 @@ def _parse_link_modules_lazily(library_class: type, llvm: Any) -> None:
 
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's malloc_trim); a no-op elsewhere."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+        trim = ctypes.CDLL(None).malloc_trim  # the C library the process already runs on
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim this way
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
