@@ -12,8 +12,9 @@ from 319 MB to about 265 MB with all three:
   a compilation ever asks for it (a new kernel signature linking this one; never on a warm start).
 - Parsing leaves the C heap with freed holes that glibc keeps; `release_free_heap` returns them.
 
-Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod). When those are
-not as expected, nothing is changed and Numba runs as shipped: the savings are memory, never correctness.
+Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod), which are the
+same in every release from 0.60 to 0.68 (compared). On another release, or when they are not as expected,
+nothing is changed and Numba runs as shipped: the savings are memory, never correctness.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 _installed = False
+_CHECKED_RELEASES = ((0, 60), (0, 68))  # first and last Numba minor release whose internals match the patches
 
 
 def install_numba_savings(cache_dir: Path) -> bool:
@@ -42,6 +44,9 @@ def install_numba_savings(cache_dir: Path) -> bool:
         from numba.core import codegen
         from numba.core.runtime import nrtdynmod
     except ImportError:
+        return False
+    release = tuple(int(part) for part in numba.__version__.split(".")[:2] if part.isdigit())
+    if not _CHECKED_RELEASES[0] <= release <= _CHECKED_RELEASES[1]:
         return False
     library_class = codegen.CPUCodeLibrary
     needed = (

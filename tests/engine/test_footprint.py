@@ -23,10 +23,10 @@ assert install_numba_savings(Path("rt"))
 """
 
 
-def _run(code: str, cwd: Path) -> str:
-    """Run code after installing the savings, with Numba's kernel cache in cwd; its stdout."""
+def _run(code: str, cwd: Path, install: bool = True) -> str:
+    """Run code (after installing the savings, by default) with Numba's kernel cache in cwd; its stdout."""
     env = {"PYTHONPATH": f"{cwd}:{REPO}", "CHATAPP_CACHE_DIR": str(cwd / "cache"), "PATH": "/usr/bin:/bin"}
-    script = PRELUDE + textwrap.dedent(code)
+    script = (PRELUDE if install else "") + textwrap.dedent(code)
     done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
@@ -79,3 +79,19 @@ def test_cached_kernel_links_into_a_new_compilation(tmp_path: Path) -> None:
         tmp_path,
     )
     assert out == "41"
+
+
+def test_an_unchecked_numba_release_is_left_as_shipped(tmp_path: Path) -> None:
+    code = """
+        from pathlib import Path
+        import numba
+        from numba.core import codegen
+        from numba.core.runtime import nrtdynmod
+        shipped = (nrtdynmod.compile_nrt_functions, codegen.CPUCodeLibrary._get_module_for_linking)
+        numba.__version__ = "0.99.0"
+        from engine.footprint import install_numba_savings
+        assert not install_numba_savings(Path("rt"))
+        assert (nrtdynmod.compile_nrt_functions, codegen.CPUCodeLibrary._get_module_for_linking) == shipped
+        print("untouched")
+        """
+    assert _run(code, tmp_path, install=False) == "untouched"
