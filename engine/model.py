@@ -290,8 +290,9 @@ class Model:
             # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
             if cfg.spec.positions == "rope":  # rotate, round q, store k and v: compiled, as the decode layer
                 cos, sin = self._cos[start:end], self._sin[start:end]
-                rows = (q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1))  # views: q and k change in place
+                rows = [np.ascontiguousarray(a.reshape(t, -1)) for a in (q, k, v)]  # (t, heads·hd) each
                 rope_into_cache(*rows, cache.k[ci], cache.v[ci], start, cos, sin, self._rope_shape)
+                q = rows[0].reshape(q.shape)  # rotated and rounded in place
             else:
                 cache.k[ci, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd), rounded to float16
                 cache.v[ci, :, start:end] = v.transpose(1, 0, 2)
