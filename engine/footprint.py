@@ -37,14 +37,12 @@ def install_numba_savings(cache_dir: Path) -> bool:
     global _installed
     if _installed:
         return True
-    try:
-        import llvmlite
-        import llvmlite.binding as llvm
-        import numba
-        from numba.core import codegen
-        from numba.core.runtime import nrtdynmod
-    except ImportError:
-        return False
+    import llvmlite
+    import llvmlite.binding as llvm
+    import numba
+    from numba.core import codegen
+    from numba.core.runtime import nrtdynmod
+
     release = tuple(int(part) for part in numba.__version__.split(".")[:2] if part.isdigit())
     if not _CHECKED_RELEASES[0] <= release <= _CHECKED_RELEASES[1]:
         return False
@@ -63,8 +61,6 @@ def install_numba_savings(cache_dir: Path) -> bool:
 
 
 def _cache_runtime_module(nrtdynmod: Any, cache_dir: Path, versions: str) -> None:
-    compile_nrt = nrtdynmod.compile_nrt_functions
-
     def compile_or_load(ctx: Any) -> Any:
         codegen = ctx.codegen()
         # The same key Numba's own cache checks: target triple, host CPU and its features.
@@ -90,7 +86,6 @@ def _cache_runtime_module(nrtdynmod: Any, cache_dir: Path, versions: str) -> Non
             pass  # a read-only cache costs the compile next time, nothing else
         return library
 
-    compile_or_load.__wrapped__ = compile_nrt  # type: ignore[attr-defined]
     nrtdynmod.compile_nrt_functions = compile_or_load
 
 

@@ -79,6 +79,15 @@ def test_causal_attention_matches_reference(t: int, start: int, parallel_blas: b
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
 
 
+def _reference_eval(session, ids: list[int]) -> np.ndarray:
+    """session.eval(ids) with single tokens on the reference NumPy path instead of the one-call layer."""
+    session.model.fused_decode = False
+    try:
+        return session.eval(ids)
+    finally:
+        session.model.fused_decode = True
+
+
 @pytest.mark.parametrize("model_name", ["smollm2_model", "qwen_model"])
 def test_fused_decode_matches_the_reference_path(model_name: str, request) -> None:
     """Token by token, the fused path and the reference path give the same logits to int8-rounding noise
@@ -88,19 +97,11 @@ def test_fused_decode_matches_the_reference_path(model_name: str, request) -> No
     assert model._fast_layers() is not None, "both real models must take the fused path"
     fused, ref = model.session(), model.session()
     fused.eval(prompt)
-    model.fused_decode = False
-    try:
-        ref.eval(prompt)
-    finally:
-        model.fused_decode = True
+    _reference_eval(ref, prompt)
     tok = int(model.tokenize(" Rome", special=False)[0])
     for _ in range(6):
         a = fused.eval([tok])
-        model.fused_decode = False
-        try:
-            b = ref.eval([tok])
-        finally:
-            model.fused_decode = True
+        b = _reference_eval(ref, [tok])
         assert_close_logits(a, b)
         tok = int(b.argmax())
     # Both caches hold f16-rounded keys/values of the same positions, equal to rounding noise.
@@ -120,11 +121,7 @@ def test_fused_decode_runs_16_bit_float_weights(tmp_path, arch: str, matrix_type
     fused, ref = model.session(), model.session()
     for tok in (5, 17, 3, 40, 8):
         a = fused.eval([tok])
-        model.fused_decode = False
-        try:
-            b = ref.eval([tok])
-        finally:
-            model.fused_decode = True
+        b = _reference_eval(ref, [tok])
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
 
 
