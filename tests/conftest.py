@@ -37,9 +37,9 @@ def qwen_path() -> Path:
 
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
-    """llama.cpp's reference outputs for the real models (../shared/golden next to the repo)."""
-    path = Path(__file__).resolve().parents[1].parent / "shared" / "golden"
-    assert path.is_dir(), f"golden reference directory {path} is missing (expected next to the repository)"
+    """llama.cpp's reference outputs for the real models (tests/golden; see its README for their source)."""
+    path = Path(__file__).resolve().parent / "golden"
+    assert path.is_dir(), f"golden reference directory {path} is missing"
     return path
 
 

@@ -8,20 +8,10 @@ from gguf import GGMLQuantizationType as T
 
 from engine import ModelFileError, UnsupportedModelError, load_model
 
+from .compare import assert_matches_reference as close
 from .synthetic import reference_logits, rewrite_model, write_tiny_model
 
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33]
-
-
-def close(ours: np.ndarray, ref: np.ndarray) -> None:
-    """Within the rounding the engine does on purpose, as llama.cpp does: activations to 8 bits per 32 values
-    before each quantized product, queries/keys/values to 16 bits. A wrong rotation, head mapping or norm
-    is off by tens of percent of the spread; these roundings by about one."""
-    spread = ref.max() - ref.min()
-    assert np.abs(ours - ref).max() <= 0.03 * spread
-    top2 = np.sort(ref, axis=-1)[..., -2:]
-    clear = (top2[..., 1] - top2[..., 0]) > 0.03 * spread  # positions without a near-tie
-    np.testing.assert_array_equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from engine.chat import ChatSession, common_prefix
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
 from engine.sampling import SamplingSettings
 from engine.template import ChatTemplate
+
+from .compare import assert_cache_matches_fresh
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=16)
 SYSTEM = Message("system", "You are a concise assistant.")
@@ -21,31 +22,6 @@ def run(chat: ChatSession, messages: list[Message]) -> tuple[list[TokenEvent], T
     stats = events[-1]
     assert isinstance(stats, TurnStats)
     return events[:-1], stats
-
-
-def assert_close_logits(ours: np.ndarray, fresh: np.ndarray) -> None:
-    """Same top-1 (unless two candidates are within a near-tie) and max |Δ| small against the spread.
-
-    Batched and incremental arithmetic differ in the last bits; with activations rounded to 8 bits before
-    each quantized product (as llama.cpp does), a last-bit difference can move a value to the next step, so
-    the bound is a few percent of the spread, not a few ulps: measured up to 5.2% after long generations
-    through the one-call decode path (a cache that drifted, holding other tokens, moves logits by far more).
-    """
-    spread = fresh.max() - fresh.min()
-    assert np.abs(ours - fresh).max() <= 0.08 * spread
-    first, second = np.sort(fresh)[-2:][::-1]
-    if first - second > 0.02 * spread:
-        assert int(ours.argmax()) == int(fresh.argmax())
-
-
-def assert_cache_matches_fresh(chat: ChatSession) -> None:
-    """Logits after one more token from the chat's cache equal a fresh evaluation of the same ids."""
-    ids = chat.cached_tokens
-    probe = 198  # "\n"
-    incremental = chat.session.eval([probe])
-    fresh = chat.model.logits([*ids, probe])[-1]
-    assert_close_logits(incremental, fresh)
-    chat.session.truncate(len(ids))
 
 
 @pytest.fixture

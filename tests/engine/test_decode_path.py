@@ -11,8 +11,8 @@ from engine import kernels, load_model
 from engine.kernels import attention as attention_kernels
 from engine.kernels import causal_attention, decode
 from engine.model import attention, half_round, silu
+from tests.engine.compare import assert_close_logits
 from tests.engine.synthetic import write_tiny_model
-from tests.engine.test_chat import assert_close_logits
 
 
 def test_round_to_half_matches_numpy_float16() -> None:

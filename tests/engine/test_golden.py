@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .test_chat import assert_close_logits
+from .compare import assert_close_logits
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -24,8 +24,9 @@ from engine.gpu.matrix import DeviceMatrix, matmul
 from engine.kernels import SUPPORTED_TYPES, WeightMatrix, float_products
 from engine.model import Model
 
+from .compare import assert_matches_reference as close
 from .synthetic import reference_logits, write_tiny_model
-from .test_architectures import IDS, close
+from .test_architectures import IDS
 from .test_golden import log_softmax
 
 # Byte offsets of each block type's half-precision fields (scales, mins): random bytes there could be NaN/inf.

@@ -22,7 +22,7 @@ from engine.chat import ChatSession
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message
 from engine.sampling import SamplingSettings
 from tests.app.fake_backend import record_notices, send, wait_for
-from tests.engine.test_chat import assert_cache_matches_fresh
+from tests.engine.compare import assert_cache_matches_fresh
 from tests.reliability.support import pilot_waits_briefly
 
 pytestmark = pytest.mark.slow

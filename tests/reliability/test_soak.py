@@ -17,7 +17,7 @@ import pytest
 from engine.chat import ChatSession
 from engine.events import STOP_EOS, STOP_LENGTH, Message, TurnStats
 from engine.sampling import SamplingSettings
-from tests.engine.test_chat import assert_cache_matches_fresh
+from tests.engine.compare import assert_cache_matches_fresh
 from tests.reliability.support import live_rss_mb
 
 pytestmark = pytest.mark.slow
