@@ -171,6 +171,25 @@ def test_temperature_applies_after_top_p_and_min_p() -> None:
 # --- the pipeline against the steps -----------------------------------------------------------------------
 
 
+def assert_pipeline_keeps_what_the_masks_keep(top_k: int, top_p: float, min_p: float, scale: float) -> None:
+    """`distribution` keeps exactly the tokens top-k, then top-p, then min-p keep, in the masks' order.
+
+    The masks are the oracle for `distribution`'s own candidate search; `_top_p_count`, which both use, is held
+    to hand-made logits by the top-p tests above.
+    """
+    rng = np.random.default_rng(top_k + int(100 * top_p))
+    x = np.round(rng.standard_normal(20_000) * scale, 1).astype(F32)  # rounded: ties everywhere
+    settings = SamplingSettings(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
+    masked = np.where(top_k_mask(x, top_k), x, -np.inf).astype(F32)
+    masked = np.where(top_p_mask(masked, top_p), masked, -np.inf).astype(F32)
+    expected = np.flatnonzero(min_p_mask(masked, min_p) & np.isfinite(masked))
+    ids, probs = distribution(x, settings)
+    assert ids is not None
+    assert sorted(ids.tolist()) == expected.tolist()
+    assert np.array_equal(ids, top_ids(x, ids.size))  # most likely first, ties by id
+    assert probs.sum() == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize(
     ("top_k", "top_p", "min_p", "scale"),
     [
@@ -185,17 +204,7 @@ def test_temperature_applies_after_top_p_and_min_p() -> None:
     ],
 )
 def test_pipeline_keeps_exactly_what_the_masks_keep(top_k: int, top_p: float, min_p: float, scale: float) -> None:
-    rng = np.random.default_rng(top_k + int(100 * top_p))
-    x = np.round(rng.standard_normal(20_000) * scale, 1).astype(F32)  # rounded: ties everywhere
-    settings = SamplingSettings(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
-    masked = np.where(top_k_mask(x, top_k), x, -np.inf).astype(F32)
-    masked = np.where(top_p_mask(masked, top_p), masked, -np.inf).astype(F32)
-    expected = np.flatnonzero(min_p_mask(masked, min_p) & np.isfinite(masked))
-    ids, probs = distribution(x, settings)
-    assert ids is not None
-    assert sorted(ids.tolist()) == expected.tolist()
-    assert np.array_equal(ids, top_ids(x, ids.size))  # most likely first, ties by id
-    assert probs.sum() == pytest.approx(1.0)
+    assert_pipeline_keeps_what_the_masks_keep(top_k, top_p, min_p, scale)
 
 
 def test_nothing_filtered_means_the_whole_vocab() -> None:

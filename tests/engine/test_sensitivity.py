@@ -1,0 +1,237 @@
+"""The comparisons the suite relies on, shown to catch real engine faults.
+
+Each test runs one of the suite's own checks twice: on the engine as it is (the check passes), then with one
+fault patched in (the check must fail). A check that passes both ways could not tell the fault from the engine.
+Forward-pass faults go in through the names engine.model calls (its kernels and RoPE tables), on a tiny
+synthetic llama (4 query heads over 2 kv heads, so the grouped heads can be mapped wrong); the sampler's and
+the chat layer's through their own functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import engine.model
+import engine.sampling
+from engine import load_model
+from engine.chat import ChatSession
+from engine.events import STOP_CANCELLED, Message, TokenEvent, TurnStats
+from engine.kernels import WeightMatrix, float_products
+from engine.model import Model
+from engine.sampling import SamplingSettings
+
+from .compare import assert_cache_exactly_fresh, assert_cache_matches_fresh, assert_matches_reference
+from .synthetic import TinyModel, reference_logits, write_tiny_model
+from .test_sampling import assert_pipeline_keeps_what_the_masks_keep
+
+IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33]  # as test_architectures evaluates
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return write_tiny_model(tmp_path_factory.mktemp("sensitivity") / "llama.gguf", "llama")
+
+
+@pytest.fixture
+def model(tiny: TinyModel) -> Model:
+    return load_model(tiny.path, n_ctx=64)
+
+
+def check_reference(model: Model, tiny: TinyModel) -> None:
+    """test_architectures' comparison: a fresh evaluation of IDS against the float64 reference."""
+    assert_matches_reference(model.logits(IDS), reference_logits(tiny, IDS))
+
+
+def check_cache_exactly_fresh(model: Model) -> None:
+    """The chat tests' exact comparison: IDS in a session's cache, one probe token on top, against fresh."""
+    chat = ChatSession(model)
+    with float_products():
+        chat.session.eval(IDS)
+        assert_cache_exactly_fresh(chat)
+
+
+def one_token_store(
+    change: Callable[[int, np.ndarray, np.ndarray], tuple[int, np.ndarray, np.ndarray]],
+) -> Callable[..., None]:
+    """engine.model's rope_into_cache with `change(start, cos, sin)` applied when one token is stored: a fault
+    in the incremental path only, so a cache built token by token differs from a fresh prompt."""
+    real = engine.model.rope_into_cache
+
+    def store(
+        q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray,
+        start: int, cos: np.ndarray, sin: np.ndarray, shape: tuple,
+    ) -> None:  # fmt: skip
+        if len(q) == 1:
+            start, cos, sin = change(start, cos, sin)
+            if start >= kc.shape[1]:  # the kernel does not check bounds
+                raise IndexError(f"row {start} is outside the cache of {kc.shape[1]}")
+        real(q, k, v, kc, vc, start, cos, sin, shape)
+
+    return store
+
+
+# --- the KV cache and positions: cache against fresh, exact mode ------------------------------------------
+
+
+def test_kv_cache_shifted_by_one_fails_cache_vs_fresh(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new token's k, v stored one row late: assert_cache_exactly_fresh fails."""
+    check_cache_exactly_fresh(model)
+    monkeypatch.setattr(engine.model, "rope_into_cache", one_token_store(lambda start, c, s: (start + 1, c, s)))
+    with pytest.raises(AssertionError):
+        check_cache_exactly_fresh(model)
+
+
+def test_rope_position_off_by_one_fails_cache_vs_fresh(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new token's q and k rotated for position start + 1 (RoPE is relative: only a mixed cache shows it):
+    assert_cache_exactly_fresh fails."""
+    check_cache_exactly_fresh(model)
+
+    def next_position(start: int, cos: np.ndarray, sin: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        return start, model._cos[start + 1 : start + 2], model._sin[start + 1 : start + 2]
+
+    monkeypatch.setattr(engine.model, "rope_into_cache", one_token_store(next_position))
+    with pytest.raises(AssertionError):
+        check_cache_exactly_fresh(model)
+
+
+# --- the forward pass: a synthetic model against the float64 reference -----------------------------------
+
+
+def test_wrong_rope_base_fails_the_reference(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RoPE tables built for base 1e6 (Qwen2's) where the file says 1e4: assert_matches_reference fails."""
+    check_reference(load_model(tiny.path, n_ctx=64), tiny)
+    real = engine.model.rope_tables
+    monkeypatch.setattr(engine.model, "rope_tables", lambda cfg, *args: real(replace(cfg, rope_base=1e6), *args))
+    faulty = load_model(tiny.path, n_ctx=64)  # the tables are built when the model loads
+    with pytest.raises(AssertionError):
+        check_reference(faulty, tiny)
+
+
+def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last layer's FFN output replaces x instead of adding to it: assert_matches_reference fails."""
+    check_reference(model, tiny)
+    # x += W_down h is the residual; returning W_down h - x makes it x = W_down h. The FFN norm's input is x.
+    norm, matmul = engine.model.rms_norm_rows, engine.model.matmul
+    down = model.weights.layers[-1].w_down
+    seen: list[np.ndarray] = []
+
+    def remember_norm_input(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        seen[:] = [x]
+        return norm(x, w, eps)
+
+    def without_residual(w: WeightMatrix, xs: np.ndarray, **kwargs: bool) -> np.ndarray:
+        out = matmul(w, xs, **kwargs)
+        return out - seen[0] if w is down else out
+
+    monkeypatch.setattr(engine.model, "rms_norm_rows", remember_norm_input)
+    monkeypatch.setattr(engine.model, "matmul", without_residual)
+    with pytest.raises(AssertionError):
+        check_reference(model, tiny)
+
+
+def grouped_attention(kv_of_head: Callable[[np.ndarray, int, int], np.ndarray]) -> Callable[..., np.ndarray]:
+    """causal_attention as engine.model's NumPy `attention`, query head h reading kv head kv_of_head(h, ...)."""
+
+    def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
+        n_head, n_kv, n_pos = q.shape[1], kc.shape[0], start + len(q)
+        heads = kv_of_head(np.arange(n_head), n_head, n_kv)
+        k = kc[heads, :n_pos].astype(np.float32)  # (n_head, n_pos, hd): one kv head per query head
+        v = vc[heads, :n_pos].astype(np.float32)
+        return engine.model.attention(q.astype(np.float32), k, v, start)
+
+    return attend
+
+
+def test_wrong_gqa_mapping_fails_the_reference(model: Model, tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Query head h reads kv head h % n_kv instead of h // group: assert_matches_reference fails."""
+    check_reference(model, tiny)
+    # The same stand-in with the right mapping passes: what fails below is the mapping, not the stand-in.
+    right = grouped_attention(lambda h, n_head, n_kv: h // (n_head // n_kv))
+    monkeypatch.setattr(engine.model, "causal_attention", right)
+    check_reference(model, tiny)
+    monkeypatch.setattr(engine.model, "causal_attention", grouped_attention(lambda h, n_head, n_kv: h % n_kv))
+    with pytest.raises(AssertionError):
+        check_reference(model, tiny)
+
+
+def test_wrong_softmax_scale_fails_the_reference(
+    model: Model, tiny: TinyModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scores scaled by 1/head_dim instead of 1/sqrt(head_dim): assert_matches_reference fails."""
+    check_reference(model, tiny)
+    real = engine.model.causal_attention
+    hd = model.cfg.head_dim
+
+    def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
+        return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start)  # the kernel's 1/sqrt(hd) on top makes 1/hd
+
+    monkeypatch.setattr(engine.model, "causal_attention", scaled_twice)
+    with pytest.raises(AssertionError):
+        check_reference(model, tiny)
+
+
+# --- the sampler: distribution() against the masks --------------------------------------------------------
+
+
+def test_sampler_ignoring_top_p_fails_the_mask_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidate search run with top_p = 1: test_sampling's pipeline-against-masks check fails."""
+    case = (0, 0.6, 0.01, 1.0)  # top-p stops first, as in test_pipeline_keeps_exactly_what_the_masks_keep
+    assert_pipeline_keeps_what_the_masks_keep(*case)
+    # Patched in _candidates, which distribution() and Sampler use and top_p_mask (the oracle) does not.
+    real = engine.sampling._candidates
+    monkeypatch.setattr(engine.sampling, "_candidates", lambda x, top_k, top_p, min_p: real(x, top_k, 1.0, min_p))
+    with pytest.raises(AssertionError):
+        assert_pipeline_keeps_what_the_masks_keep(*case)
+
+
+# --- the chat layer: a cancelled reply stays in the cache -------------------------------------------------
+
+
+def check_cancel_keeps_the_reply(chat: ChatSession) -> None:
+    """test_chat's cancel scenario and assertions: cancelled after 5 shown tokens, the cache holds prompt + their
+    ids, and the next turn's cache matches a fresh evaluation."""
+    greedy = SamplingSettings(temperature=0.0, max_tokens=64)
+    chat.settings = greedy
+    messages = [
+        Message("system", "You are a concise assistant."),
+        Message("user", "Write a long story about a dragon."),
+    ]
+    prompt = chat.prompt_tokens(messages)
+    shown: list[TokenEvent] = []
+    stats = None
+    for event in chat.stream_reply(messages):
+        if isinstance(event, TokenEvent):
+            shown.append(event)
+            if len(shown) == 5:
+                chat.cancel()
+        else:
+            stats = event
+    assert stats is not None and stats.stop_reason == STOP_CANCELLED
+    assert chat.cached_tokens == prompt + [e.token_id for e in shown]
+
+    chat.settings = replace(greedy, max_tokens=1)
+    follow = [*messages, Message("assistant", stats.reply), Message("user", "Go on.")]
+    for _ in chat.stream_reply(follow):
+        pass
+    assert chat.cached_tokens == chat.prompt_tokens(follow)
+    assert_cache_matches_fresh(chat)
+
+
+def test_cancel_dropping_the_reply_fails_the_cancel_check(smollm2_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel that takes the partial reply's ids back out of the cache: the cancel scenario's cache check fails."""
+    check_cancel_keeps_the_reply(ChatSession(smollm2_model))
+    real = ChatSession._generate
+
+    def forget_on_cancel(self: ChatSession, prompt: list[int], *args: object) -> Iterator[TokenEvent | TurnStats]:
+        for event in real(self, prompt, *args):
+            if isinstance(event, TurnStats) and event.stop_reason == STOP_CANCELLED:
+                self.session.truncate(len(prompt))
+            yield event
+
+    monkeypatch.setattr(ChatSession, "_generate", forget_on_cancel)
+    with pytest.raises(AssertionError):
+        check_cancel_keeps_the_reply(ChatSession(smollm2_model))
