@@ -18,9 +18,12 @@ from engine.chat import ChatSession
 # Exact mode: cache against fresh, regenerate/edit reuse, cancel-then-continue (issue: ≤ 1e-3 of the spread).
 EXACT_BOUND = 1e-3
 
-# Int8 path: measured up to 5.2% of the spread after long generations through the one-call decode path
+# Int8 path, long runs: measured up to 5.2% of the spread after long generations through the one-call decode path
 # (SmolLM2, 300-turn soak); a cache holding other tokens moves logits by far more.
 INT8_BOUND = 0.08
+# Int8 path, a few turns of short replies (tests/engine/test_chat.py): measured 0.020-0.030 on SmolLM2
+# (AMD Zen 5, 2026-12-01); 1.5x the largest, for the float32 parts whose BLAS kernels differ between CPUs.
+INT8_SHORT_BOUND = 0.045
 
 PROBE = 198  # "\n" in the byte-level BPE vocabularies of the real models
 
@@ -56,9 +59,9 @@ def cache_probe(chat: ChatSession, probe: int = PROBE) -> tuple[np.ndarray, np.n
     return incremental, fresh
 
 
-def assert_cache_matches_fresh(chat: ChatSession) -> None:
+def assert_cache_matches_fresh(chat: ChatSession, bound: float = INT8_BOUND) -> None:
     """Int8 path: logits after one more token from the chat's cache equal a fresh evaluation of the same ids."""
-    assert_close_logits(*cache_probe(chat))
+    assert_close_logits(*cache_probe(chat), bound=bound)
 
 
 def assert_cache_exactly_fresh(chat: ChatSession) -> None:

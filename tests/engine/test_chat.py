@@ -8,10 +8,11 @@ import pytest
 
 from engine.chat import ChatSession, common_prefix
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
+from engine.kernels import float_products
 from engine.sampling import SamplingSettings
 from engine.template import ChatTemplate
 
-from .compare import assert_cache_matches_fresh
+from .compare import INT8_SHORT_BOUND, assert_cache_exactly_fresh, assert_cache_matches_fresh
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=16)
 SYSTEM = Message("system", "You are a concise assistant.")
@@ -29,7 +30,19 @@ def chat(smollm2_model) -> ChatSession:
     return ChatSession(smollm2_model, GREEDY)
 
 
-def test_follow_up_turn_evaluates_only_new_tokens(chat: ChatSession) -> None:
+@pytest.fixture(params=["exact", "int8"])
+def cache_check(request):
+    """How a test holds the chat's cache against a fresh evaluation. "exact": the whole test runs with float
+    products (no int8 rounding, the per-op path), compared at 1e-3 of the spread. "int8": the default numerics
+    and the one-call decode path, at compare.INT8_SHORT_BOUND."""
+    if request.param == "exact":
+        with float_products():
+            yield assert_cache_exactly_fresh
+    else:
+        yield lambda chat: assert_cache_matches_fresh(chat, INT8_SHORT_BOUND)
+
+
+def test_follow_up_turn_evaluates_only_new_tokens(chat: ChatSession, cache_check) -> None:
     messages = [SYSTEM, Message("user", "Name a primary colour.")]
     _, first = run(chat, messages)
     assert first.reused_tokens == 0
@@ -53,18 +66,21 @@ def test_follow_up_turn_evaluates_only_new_tokens(chat: ChatSession) -> None:
     _, third = run(chat, messages)
     assert third.reused_tokens >= second.prompt_tokens
     assert chat.cached_tokens == chat.prompt_tokens(messages)
-    assert_cache_matches_fresh(chat)
+    cache_check(chat)
 
 
-def test_regenerate_and_edit_reuse_the_prefix(chat: ChatSession) -> None:
+def test_regenerate_and_edit_reuse_the_prefix(chat: ChatSession, cache_check) -> None:
     history = [SYSTEM, Message("user", "Say hello."), Message("assistant", "Hello!")]
     messages = [*history, Message("user", "Now say goodbye.")]
     _, first = run(chat, messages)
     prompt = chat.prompt_tokens(messages)
+    first_ids = chat.cached_tokens
 
     _, regen = run(chat, messages)  # regenerate: same conversation again
     assert regen.reused_tokens == len(prompt) - 1  # everything but the last token, whose logits start the reply
     assert regen.evaluated_tokens == 1
+    assert regen.reply == first.reply and chat.cached_tokens == first_ids  # greedy: the same reply again
+    cache_check(chat)
 
     edited = [*history, Message("user", "Now say good night.")]
     edited_prompt = chat.prompt_tokens(edited)
@@ -73,9 +89,11 @@ def test_regenerate_and_edit_reuse_the_prefix(chat: ChatSession) -> None:
     assert edit.reused_tokens >= history_len
     assert edit.reused_tokens == common_prefix(prompt, edited_prompt)
     assert edit.evaluated_tokens == len(edited_prompt) - edit.reused_tokens
+    assert chat.cached_tokens[: len(edited_prompt)] == edited_prompt
+    cache_check(chat)
 
 
-def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession) -> None:
+def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession, cache_check) -> None:
     chat.settings = replace(GREEDY, max_tokens=64)
     messages = [SYSTEM, Message("user", "Write a long story about a dragon.")]
     prompt = chat.prompt_tokens(messages)
@@ -100,7 +118,7 @@ def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession) -
     _, next_stats = run(chat, follow)
     assert next_stats.reused_tokens >= len(prompt)
     assert chat.cached_tokens == chat.prompt_tokens(follow)
-    assert_cache_matches_fresh(chat)
+    cache_check(chat)
 
 
 def test_settings_change_mid_reply_applies_to_the_next_token(chat: ChatSession) -> None:
