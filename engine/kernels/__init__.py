@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -54,12 +54,18 @@ def _busy_cores(interval: float = 0.05) -> float | None:
     return busy - (own1 - own0) / (wall1 - wall0)  # this process's own threads (a UI, say) do not count
 
 
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    _busy = _busy_cores()
-    if _busy is not None and _busy < 0.5:
-        os.environ["GOMP_SPINCOUNT"] = _SPIN_COUNT
-    else:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | None]) -> dict[str, str]:
+    """The OpenMP variables to set: none when the user set either, else a brief spin when the other cores are
+    idle (`busy_cores()` below half a core), else passive waiting (busy, or unknown)."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    busy = busy_cores()
+    if busy is not None and busy < 0.5:
+        return {"GOMP_SPINCOUNT": _SPIN_COUNT}
+    return {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+os.environ.update(wait_policy(os.environ, _busy_cores))  # before libgomp loads, at the first parallel launch
 
 from . import attention, cpu, decode, floats, packed, pages  # noqa: E402
 from .blocks import F16_TABLE  # noqa: E402

@@ -4,11 +4,13 @@ since the savings act on Numba's first start in a process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -95,3 +97,58 @@ def test_an_unchecked_numba_release_is_left_as_shipped(tmp_path: Path) -> None:
         print("untouched")
         """
     assert _run(code, tmp_path, install=False) == "untouched"
+
+
+# Each internal the patches rely on, made to look as another Numba might have it: the patches must stand back.
+MISSING_INTERNALS = {
+    "runtime-module builder": "del nrtdynmod.create_nrt_module",
+    "unserialize classmethod": "codegen.CPUCodeLibrary._unserialize = staticmethod(lambda *a: None)",
+    "module-for-linking method": "codegen.CPUCodeLibrary._get_module_for_linking = None",
+}
+
+
+@pytest.mark.parametrize("change", MISSING_INTERNALS.values(), ids=MISSING_INTERNALS.keys())
+def test_numba_internals_not_as_expected_are_left_as_shipped(tmp_path: Path, change: str) -> None:
+    code = f"""
+        from pathlib import Path
+        from numba.core import codegen
+        from numba.core.runtime import nrtdynmod
+        {change}
+        shipped = (nrtdynmod.compile_nrt_functions, codegen.CPUCodeLibrary.__dict__.get("_unserialize"))
+        from engine.footprint import install_numba_savings
+        assert not install_numba_savings(Path("rt"))
+        assert (nrtdynmod.compile_nrt_functions, codegen.CPUCodeLibrary.__dict__.get("_unserialize")) == shipped
+        print("untouched")
+        """
+    assert _run(code, tmp_path, install=False) == "untouched"
+
+
+GREEDY_LOGITS = """
+    import sys
+    import numpy as np
+    import engine.loader
+    if sys.argv[1] == "off":
+        engine.loader.install_numba_savings = lambda cache_dir: False
+    from numba.core.runtime import nrtdynmod
+    from engine import load_model
+    model = load_model(sys.argv[2], n_ctx=256)
+    patched = nrtdynmod.compile_nrt_functions.__module__ == "engine.footprint"
+    assert patched == (sys.argv[1] == "on"), "the savings are not in the state this run asked for"
+    session = model.session()
+    logits = session.eval(model.tokenize("The capital of France is"))
+    for _ in range(8):
+        logits = session.eval([int(logits.argmax())])
+    np.save(sys.argv[3], logits)
+"""
+
+
+def test_a_real_model_runs_the_same_with_the_savings_off(smollm2_path: Path, tmp_path: Path) -> None:
+    """The savings change memory only: SmolLM2 on Numba as shipped gives the same logits, bit for bit."""
+    script = tmp_path / "greedy.py"
+    script.write_text(textwrap.dedent(GREEDY_LOGITS), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the real kernel cache: nothing to compile
+    for state in ("on", "off"):
+        args = [sys.executable, str(script), state, str(smollm2_path), str(tmp_path / f"{state}.npy")]
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "off.npy"), np.load(tmp_path / "on.npy"))

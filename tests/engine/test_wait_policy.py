@@ -39,5 +39,34 @@ def test_a_busy_process_elsewhere_counts_and_our_own_threads_do_not() -> None:
     assert own_only < others_before + 0.5, (own_only, others_before)
 
 
-def test_the_policy_is_set_before_openmp_starts() -> None:
-    assert os.environ.get("OMP_WAIT_POLICY") == "PASSIVE" or os.environ.get("GOMP_SPINCOUNT")
+@pytest.mark.parametrize(
+    ("environ", "busy", "chosen"),
+    [
+        ({}, 0.1, {"GOMP_SPINCOUNT": kernels._SPIN_COUNT}),  # idle: spin briefly
+        ({}, 0.9, {"OMP_WAIT_POLICY": "PASSIVE"}),  # another process busy: wait passively
+        ({}, None, {"OMP_WAIT_POLICY": "PASSIVE"}),  # unknown: the safe choice
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, 0.1, {}),  # the user's own setting wins
+        ({"GOMP_SPINCOUNT": "0"}, 0.9, {}),
+    ],
+)
+def test_the_policy_follows_the_other_cores_and_defers_to_the_user(environ, busy, chosen) -> None:
+    assert kernels.wait_policy(environ, lambda: busy) == chosen
+
+
+CHILD = """
+import os, sys
+import engine.kernels
+maps = open("/proc/self/maps").read()
+print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"), "libgomp" in maps)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_the_policy_is_in_the_environment_before_openmp_loads() -> None:
+    """libgomp reads the variables once, when it loads: importing the kernels sets them and loads no OpenMP."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    policy, spin, gomp_loaded = done.stdout.split()
+    assert (policy, spin) in (("PASSIVE", "None"), ("None", kernels._SPIN_COUNT)), done.stdout
+    assert gomp_loaded == "False", "OpenMP was loaded before the wait policy was chosen"
