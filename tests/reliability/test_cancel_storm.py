@@ -1,10 +1,10 @@
 """Esc at random moments on the real SmolLM2 through the real TUI, 50 rounds.
 
 Each round starts a reply (a new message, a regenerate or an edit), presses Esc at a random moment (at once,
-at the first token, or after a random delay) and checks that the KV cache holds exactly the conversation on
-screen followed by the partial reply's ids. Some rounds add an Esc while idle, which must change nothing. Every
-tenth round starts a new chat. At the end the next turn, sent through the app, must leave a cache whose logits
-match a fresh evaluation.
+at the first token, or after a random number of tokens) and checks that the KV cache holds exactly the
+conversation on screen followed by the partial reply's ids. Some rounds add an Esc while idle, which must change
+nothing. Every tenth round starts a new chat. At the end the next turn, sent through the app, must leave a cache
+whose logits match a fresh evaluation.
 """
 
 from __future__ import annotations
@@ -119,8 +119,10 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
             moment = rng.choices(["at once", "first token", "later"], [1, 1, 4])[0]
             if moment == "first token":
                 await wait_for(pilot, lambda: app.state.turns[-1].tokens or not app.generating, timeout=120)
-            elif moment == "later":
-                await pilot.pause(rng.uniform(0.05, 1.5))
+            elif moment == "later":  # counted in tokens, not seconds, so a fast machine gets the same moments
+                after, reply = rng.randint(2, 150), app.state.turns[-1]
+                await wait_for(pilot, lambda r=reply, n=after: len(r.tokens) >= n or not app.generating, timeout=120)
+                await pilot.pause(rng.uniform(0, 0.02))  # and anywhere within the next token's forward pass
             presses["generating" if app.generating else "idle"] += 1
             await pilot.press("escape")
             await reply_over(pilot, f"{where}: the stop")
@@ -157,6 +159,5 @@ async def test_fifty_stops_at_random_moments_keep_the_cache_exact(smollm2_model,
         assert not [n for n in app.notices if "fail" in n.lower() or "couldn't" in n.lower()], app.notices
 
     print(f"\ncancel storm: {ROUNDS} rounds in {storm_s:.0f} s; presses {presses}; stops {stops}")
-    assert sum(presses.values()) >= ROUNDS
     assert presses["generating"] >= ROUNDS * 3 // 4 and presses["idle"] >= 5, presses
     assert stops.get(STOP_CANCELLED, 0) >= ROUNDS // 2, stops

@@ -130,12 +130,43 @@ class ThreadLog:
         return {what for what, t in self.calls if t is thread}
 
 
+class TokenGate:
+    """Lets a reply's tokens through only as far as the test allows, so that a reply is still in flight when the
+    test acts on it, on a machine of any speed. A cancel opens it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._limit = 0
+        self._open = False
+
+    def allow(self, n: int) -> None:
+        """The reply in flight (or the next one) may stream its first n tokens."""
+        with self._cond:
+            self._limit = n
+            self._cond.notify_all()
+
+    def open(self) -> None:
+        with self._cond:
+            self._open = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._open = False
+
+    def wait(self, index: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self._open or index < self._limit, timeout=120), "gate never opened"
+
+
 class RecordingBackend:
-    """A ChatSession behind the ChatBackend interface, noting which thread makes every call."""
+    """A ChatSession behind the ChatBackend interface, noting which thread makes every call; its replies stream
+    through `gate`."""
 
     def __init__(self, chat: ChatSession, log: ThreadLog) -> None:
         self._chat = chat
         self._log = log
+        self.gate = TokenGate()
 
     @property
     def model_name(self) -> str:
@@ -160,6 +191,7 @@ class RecordingBackend:
     def cancel(self) -> None:
         self._log.add("cancel")
         self._chat.cancel()
+        self.gate.open()
 
     def warnings(self) -> list[str]:
         self._log.add("warnings")
@@ -167,8 +199,13 @@ class RecordingBackend:
 
     def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
         self._log.add("stream_reply")
+        self.gate.close()
+        shown = 0
         for event in self._chat.stream_reply(messages):  # each step of the generator runs on the caller's thread
             self._log.add("stream_reply:step")
+            if isinstance(event, TokenEvent):
+                self.gate.wait(shown)
+                shown += 1
             yield event
 
 
@@ -194,7 +231,7 @@ async def test_the_ui_thread_never_runs_the_engine(smollm2_model, tmp_path: Path
 
     def factory(progress):
         progress("using the loaded SmolLM2")
-        return RecordingBackend(ChatSession(model, settings), log)
+        return RecordingBackend(ChatSession(model, settings), log)  # made on the worker thread, as the app does
 
     store, _ = ConversationStore.open(tmp_path / "chats.sqlite")
     app = ChatApp(factory, model_name="smollm2", settings=settings, store=store)
@@ -203,18 +240,23 @@ async def test_the_ui_thread_never_runs_the_engine(smollm2_model, tmp_path: Path
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             await wait_for(pilot, lambda: app.backend is not None, timeout=60, what="the backend")
+            app.backend.gate.allow(3)
             await send(pilot, "Tell me a long story about a lighthouse keeper.", wait=False)
             await wait_for(pilot, lambda: len(app.state.turns[-1].tokens) >= 3, timeout=120, what="three tokens")
             await pilot.press("f2", "right", "right")  # temperature up, twice, mid-reply
             await wait_for(pilot, lambda: app.backend._chat.settings.temperature == pytest.approx(0.9))
+            app.backend.gate.allow(6)
             await wait_for(pilot, lambda: len(app.state.turns[-1].tokens) >= 6, timeout=120, what="more tokens")
+            assert app.generating  # held at the gate: the Esc below stops a reply in flight
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.generating, timeout=60, what="the stop")
             await finished(pilot)
             assert app.state.turns[-1].stats.stop_reason == STOP_CANCELLED
             await pilot.press("f2")  # back to the message box
+            app.backend.gate.allow(2)
             await send(pilot, "And then?", wait=False)
             await wait_for(pilot, lambda: len(app.state.turns[-1].tokens) >= 2, timeout=120, what="a second reply")
+            assert app.generating
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.generating, timeout=60, what="the second stop")
             assert not [n for n in app.notices if "fail" in n.lower() or "couldn't" in n.lower()], app.notices
