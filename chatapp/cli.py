@@ -1,4 +1,4 @@
-"""`chatapp`: the TUI with no subcommand; `run`, `pull`, `models`, `bench` for the terminal and scripts.
+"""`chatapp`: the TUI with no subcommand; `run`, `serve`, `pull`, `models`, `bench` for the terminal and scripts.
 
 Every error a user can cause ends as one line on stderr and exit status 2, never a traceback.
 """
@@ -63,6 +63,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
     _sampling_args(run)
+
+    serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on; 0 picks a free one (default: 8080)")
+    serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every endpoint but /health")
+    serve.add_argument("-a", "--alias", help="the model's name in /v1/models (default: MODEL as given)")
+    serve.add_argument(
+        "-np", "--parallel", dest="n_slots", type=int, default=4, metavar="N",
+        help="conversation slots, each keeping one client's KV cache (default: 4; one reply runs at a time)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--queue", dest="max_queue", type=int, default=16, metavar="N",
+        help="requests that may wait behind the running one; more are answered 503 (default: 16)",
+    )  # fmt: skip
+    serve.add_argument("-n", "--n-predict", dest="max_tokens", type=int, help="default reply limit (-1: none)")
+    _sampling_args(serve)
 
     pull = sub.add_parser("pull", help="download a catalog model into the cache")
     pull.add_argument("name")
@@ -207,6 +224,39 @@ def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .serve import ServeOptions, serve
+
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port {args.port}: expected 0 to 65535")
+    if args.n_slots < 1:
+        raise CliError(f"--parallel {args.n_slots}: expected at least 1")
+    if args.max_queue < 0:
+        raise CliError(f"--queue {args.max_queue}: expected 0 or more")
+    settings = _settings(args)
+    for note in settings.sampling.validated()[1]:
+        raise CliError(note)
+
+    def say(msg: str) -> None:
+        print(f"chatapp: {msg}", file=sys.stderr, flush=True)
+
+    path = resolve_model_path(settings.model, say)  # before binding: a bad name fails at once
+    model_id = args.alias or settings.model
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        n_slots=args.n_slots,
+        max_queue=args.max_queue,
+        model_id=model_id,
+        model_names=frozenset({model_id, settings.model, path.name, path.stem}),
+    )
+    resolved = dataclasses.replace(settings, model=str(path))
+    return serve(lambda: _load(args, resolved, say), options, settings.sampling, say)
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
     from .pull import pull_with_progress
 
@@ -266,6 +316,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
 COMMANDS: dict[str | None, Callable[[argparse.Namespace], int]] = {
     None: cmd_tui,
     "run": cmd_run,
+    "serve": cmd_serve,
     "pull": cmd_pull,
     "models": cmd_models,
     "bench": cmd_bench,

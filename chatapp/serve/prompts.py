@@ -1,0 +1,51 @@
+"""Requests to token ids: chat messages through the model's template, text as it is (with BOS where the model
+wants one), token ids checked against the vocabulary."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.events import Message
+
+from .schema import ApiError, check_token_ids
+
+if TYPE_CHECKING:
+    from engine import Model
+    from engine.template import ChatTemplate
+
+
+class Prompter:
+    """Thread-safe: every chat request renders with its own copy of the template."""
+
+    def __init__(self, model: Model, template: ChatTemplate) -> None:
+        self.model = model
+        self.template = template
+
+    def chat(self, messages: Sequence[Message]) -> list[int]:
+        # A template that raises switches itself to ChatML for good (right for one conversation). Here one
+        # client's odd messages must not change every later prompt, so each render gets a copy, and a template
+        # that refuses the messages is the client's error.
+        template = copy.copy(self.template)
+        text = template.render(messages, add_generation_prompt=True)
+        if template.uses_fallback and not self.template.uses_fallback:
+            message = f"messages: the model's chat template refused them: {template.warning}"
+            raise ApiError(400, message, param="messages")
+        return self._with_bos(self.model.tokenize(text, special=True))
+
+    def text(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self._with_bos(self.model.tokenize(prompt, special=True))
+        else:
+            ids = list(prompt)
+            check_token_ids(ids, self.model.n_vocab)
+        if not ids:
+            raise ApiError(400, "prompt: is empty", param="prompt")
+        return ids
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        tok = self.model.tokenizer
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids.insert(0, tok.bos_id)
+        return ids
