@@ -69,12 +69,26 @@ def assert_cache_exactly_fresh(chat: ChatSession) -> None:
     assert_exact_logits(*cache_probe(chat))
 
 
-def assert_matches_reference(ours: np.ndarray, ref: np.ndarray, bound: float = 0.03) -> None:
+# Synthetic models (tests/engine/synthetic.py) against their float64 reference: max |Δ| / spread, measured over
+# llama/qwen2/gpt2, full-prompt logits and the session in chunks, seeds 0-19 (the tests use seed 0).
+# Q8_0, Q4_0: activations rounded to 8 bits before each product; seed 0 up to 0.023, 20 seeds up to 0.050
+# (Q8_0) and 0.044 (Q4_0); float products bring both to 0.001. Bound 20% over the 20-seed maximum.
+INT8_REFERENCE_BOUND = 0.06
+# F32, F16, BF16: float products with or without float_products() (no int8 rounding on these); what is left is
+# q/k/v rounded to float16. Seed 0 up to 0.0013 (BF16), 20 seeds up to 0.0013 (F32 0.0013, F16 0.0012).
+# Bound 50% over the maximum: a last-bit change can move a float16 rounding.
+FLOAT_REFERENCE_BOUND = 0.002
+REFERENCE_BOUNDS = {"Q8_0": INT8_REFERENCE_BOUND, "Q4_0": INT8_REFERENCE_BOUND, "F32": FLOAT_REFERENCE_BOUND,
+                    "F16": FLOAT_REFERENCE_BOUND, "BF16": FLOAT_REFERENCE_BOUND}  # fmt: skip
+
+
+def assert_matches_reference(ours: np.ndarray, ref: np.ndarray, bound: float = INT8_REFERENCE_BOUND) -> None:
     """A synthetic model's logits (t, n_vocab) against the float64 NumPy reference (tests/engine/synthetic.py):
-    max |Δ| ≤ bound × spread, and the same top-1 wherever the reference has no near-tie."""
+    max |Δ| ≤ bound × spread, and the same top-1 wherever the reference's top two are more than half the bound
+    apart (over 20 seeds, top-1 flips were at gaps ≤ 0.011 of the spread with int8 rounding, ≤ 1e-4 without)."""
     s = spread(ref)
     delta = float(np.abs(ours - ref).max())
-    assert delta <= bound * s, f"max |Δ| {delta:.3g} is {delta / s:.2e} of the spread"
+    assert delta <= bound * s, f"max |Δ| {delta:.3g} is {delta / s:.2e} of the spread (bound {bound:g})"
     top2 = np.sort(ref, axis=-1)[..., -2:]
-    clear = (top2[..., 1] - top2[..., 0]) > 0.03 * s  # positions without a near-tie
+    clear = (top2[..., 1] - top2[..., 0]) > bound / 2 * s  # positions without a near-tie
     np.testing.assert_array_equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])

@@ -1,11 +1,40 @@
-"""The real models against llama.cpp's outputs in ../shared/golden (see golden/README.md for the bounds)."""
+"""The real models against llama.cpp's outputs in tests/golden (see its README for their source)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from .compare import assert_close_logits
+
+# Every bound below is set from what the engine measures against these goldens (one text of 55 teacher-forced
+# positions and 3 greedy prompts of 24 tokens per model), in four builds: AVX-512 and AVX2 codegen
+# (NUMBA_CPU_NAME=haswell), each at 1 and 2 threads. The quantized products are exact integer sums, but the
+# float32 sums around them (norms, attention, scales) are reassociated to the vector width and split by thread,
+# so the build moves a few int8 roundings of activations: logits move by up to 1.3 (SmolLM2) and 0.4 (Qwen)
+# between AVX-512 and AVX2. The margins below are for that, and for builds not measured.
+
+# Teacher-forced top-1 agreement: measured 0.945-0.964 (SmolLM2), 0.945-0.982 (Qwen), 52/55 at the lowest;
+# bound one position below that (51/55 = 0.927). llama.cpp 0.3.36 itself, on AVX2, agrees with this
+# AVX-512-made reference at 0.927 (SmolLM2), and with its own run at flash_attn on vs off at 0.909;
+# a 1000x norm epsilon drops ours to 0.73.
+MIN_AGREEMENT = 0.92
+# Mean |Δ log p| of llama.cpp's top-1: measured 0.036-0.049 (SmolLM2), 0.023-0.029 (Qwen); bound ~20% over the
+# larger.
+MAX_MEAN_DLOGP = {"smollm2": 0.06, "qwen": 0.035}
+# Max |Δ log p| of llama.cpp's top-1 at one position: measured 0.135-0.217 (SmolLM2), 0.123-0.158 (Qwen);
+# bound ~20% over the larger.
+MAX_DLOGP = {"smollm2": 0.26, "qwen": 0.19}
+# Near-tie, in logits by which our greedy pick beats llama.cpp's where they differ. Measured: no greedy divergence
+# in 24 tokens on AVX-512; on AVX2 one per model, at 0.094 (SmolLM2) and 0.051 (Qwen). At the teacher-forced
+# disagreements, one token at a time as greedy decodes: up to 0.256 (SmolLM2), 0.075 (Qwen). Bound ~20% over.
+NEAR_TIE = {"smollm2": 0.3, "qwen": 0.1}
+# Prompts whose 24 greedy tokens all match: measured 3 of 3 (AVX-512) and 2 of 3 (AVX2) for each model, the same
+# at 1 and 2 threads (the one-token path does not depend on the thread count). Bound at the AVX2 figure.
+MIN_EXACT_GREEDY = {"smollm2": 2, "qwen": 2}
+GREEDY_STEPS = 24
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -16,26 +45,57 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(params=["smollm2", "qwen"])
 def case(request, smollm2_model, qwen_model, golden_smollm2, golden_qwen):
+    """(name, model, golden) for each real model."""
     if request.param == "smollm2":
-        return smollm2_model, golden_smollm2
-    return qwen_model, golden_qwen
+        return "smollm2", smollm2_model, golden_smollm2
+    return "qwen", qwen_model, golden_qwen
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """Our greedy decoding of one golden prompt, up to where it first leaves llama.cpp's tokens."""
+
+    matched: int  # tokens equal to llama.cpp's before the first divergence (GREEDY_STEPS: all)
+    got: int = -1  # at the divergence: our pick, llama.cpp's, and by how many logits ours led
+    want: int = -1
+    margin: float = 0.0
+
+
+def greedy_run(model, item) -> Greedy:
+    session = model.session()
+    logits = session.eval(item["prompt_ids"])
+    for step, want in enumerate(item["greedy_ids"][:GREEDY_STEPS]):
+        got = int(np.argmax(logits))
+        if got != want:
+            return Greedy(step, got, want, float(logits[got] - logits[want]))
+        logits = session.eval([got])
+    return Greedy(GREEDY_STEPS)
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(smollm2_model, qwen_model, golden_smollm2, golden_qwen) -> dict[str, list[Greedy]]:
+    """Each model's greedy runs over its golden prompts, decoded once for the tests below."""
+    return {
+        name: [greedy_run(model, item) for item in golden["greedy"]]
+        for name, model, golden in (("smollm2", smollm2_model, golden_smollm2), ("qwen", qwen_model, golden_qwen))
+    }
 
 
 def test_golden_is_for_this_file(case) -> None:
-    model, golden = case
+    _, model, golden = case
     from chatapp.catalog import sha256_file
 
     assert sha256_file(model.file.path) == golden["model_sha256"]
 
 
 def test_tokenizer_matches_llama_cpp(case) -> None:
-    model, golden = case
+    _, model, golden = case
     for item in golden["tokenize"]:
         assert model.tokenize(item["text"], special=True) == item["ids"], item["text"]
 
 
 def test_teacher_forced_logits_match_llama_cpp(case) -> None:
-    model, golden = case
+    name, model, golden = case
     for item in golden["teacher"]:
         ids = item["ids"]
         ref_top5 = np.array(item["top5_ids"])  # (n, 5): llama.cpp's next-token candidates at each position
@@ -43,52 +103,32 @@ def test_teacher_forced_logits_match_llama_cpp(case) -> None:
         logp = log_softmax(model.logits(ids))  # (n, n_vocab)
         ours_top1 = logp.argmax(axis=-1)
         assert all(ours_top1[i] in ref_top5[i] for i in range(len(ids))), "a top-1 outside llama.cpp's top-5"
-        # Top-1 agreement over one short text is mostly int8 rounding noise: llama.cpp 0.3.36 itself, on this
-        # AVX2 machine, agrees with this AVX-512-made reference at 0.927 (SmolLM2), and with its own run at
-        # flash_attn on vs off at 0.909; a 1000x norm epsilon drops to 0.73. The log-prob bound below is
-        # the sharper check.
         agreement = float(np.mean(ours_top1 == ref_top5[:, 0]))
-        assert agreement >= 0.85, agreement
-        delta = np.abs(logp[np.arange(len(ids)), ref_top5[:, 0]] - ref_lp[:, 0]).mean()
-        assert delta <= 0.1, delta
+        assert agreement >= MIN_AGREEMENT, agreement
+        delta = np.abs(logp[np.arange(len(ids)), ref_top5[:, 0]] - ref_lp[:, 0])  # (n,)
+        assert delta.mean() <= MAX_MEAN_DLOGP[name], delta.mean()
+        assert delta.max() <= MAX_DLOGP[name], (int(delta.argmax()), delta.max())
 
 
-def test_greedy_continuations_match_llama_cpp(case) -> None:
-    """Greedy decoding follows llama.cpp's tokens; where it leaves them, it is at a near-tie.
+def test_greedy_continuations_match_llama_cpp(case, greedy_runs) -> None:
+    """Greedy decoding follows llama.cpp's 24 tokens; where it leaves them, it is at a near-tie.
 
-    llama.cpp rounds activations to 8 bits and its KV cache to 16, so two candidates a few hundredths of a
-    logit apart can swap places. Every prompt must match up to its first near-tie.
+    llama.cpp rounds activations to 8 bits and its KV cache to 16, and so does the engine, in another order of
+    float sums: two candidates a few hundredths of a logit apart can swap places. Every prompt must match up to
+    its first divergence, and that must be a near-tie; the comparison stops there.
     """
-    model, golden = case
-    for item in golden["greedy"]:
-        session = model.session()
-        logits = session.eval(item["prompt_ids"])
-        for step, want in enumerate(item["greedy_ids"][:8]):
-            got = int(np.argmax(logits))
-            if got != want:
-                margin = float(logits[got] - logits[want])
-                assert margin < 0.3, f"step {step}: {got} beat llama.cpp's {want} by {margin:.3f} logits"
-                break
-            logits = session.eval([got])
+    name = case[0]
+    for k, run in enumerate(greedy_runs[name]):
+        if run.matched < GREEDY_STEPS:
+            assert run.margin < NEAR_TIE[name], (
+                f"prompt {k}, step {run.matched}: {run.got} beat llama.cpp's {run.want} by {run.margin:.3f} logits"
+            )
 
 
-def test_greedy_first_eight_match_for_most_prompts(smollm2_model, qwen_model, golden_smollm2, golden_qwen) -> None:
-    """Over all golden prompts of both models, most continue exactly as llama.cpp's for 8 tokens."""
-    results = {}
-    for name, model, golden in (("smollm2", smollm2_model, golden_smollm2), ("qwen", qwen_model, golden_qwen)):
-        matched = 0
-        for item in golden["greedy"]:
-            session = model.session()
-            logits = session.eval(item["prompt_ids"])
-            ours = []
-            for _ in range(8):
-                ours.append(int(np.argmax(logits)))
-                logits = session.eval([ours[-1]])
-            matched += ours == item["greedy_ids"][:8]
-        results[name] = (matched, len(golden["greedy"]))
-    total = sum(m for m, _ in results.values())
-    prompts = sum(n for _, n in results.values())
-    assert total > prompts / 2, results
+def test_greedy_all_tokens_match_for_most_prompts(greedy_runs) -> None:
+    """For each model, most golden prompts continue exactly as llama.cpp's for all 24 tokens."""
+    exact = {name: sum(run.matched == GREEDY_STEPS for run in runs) for name, runs in greedy_runs.items()}
+    assert all(exact[name] >= MIN_EXACT_GREEDY[name] for name in exact), (exact, greedy_runs)
 
 
 def test_session_in_chunks_equals_fresh_logits(smollm2_model, golden_smollm2) -> None:
