@@ -236,8 +236,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         raise CliError(f"--queue {args.max_queue}: expected 0 or more")
     settings = _settings(args)
-    for note in settings.sampling.validated()[1]:
-        raise CliError(note)
 
     def say(msg: str) -> None:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)

@@ -248,6 +248,18 @@ def test_a_dropped_stream_is_cancelled_and_the_next_request_works(server: Server
     assert 3 <= slot["last_generated_tokens"] < N_CTX - 100
 
 
+def test_a_client_that_gives_up_on_a_plain_request_cancels_it(server: Server) -> None:
+    body = {"messages": _user("Write a very long poem about the sea."), "max_tokens": 100_000, **FOREVER}
+    with pytest.raises(httpx.ReadTimeout):  # the client hangs up, whatever the server was doing by then
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(CALL_TIMEOUT_S, read=0.5))
+    reply = server.client().completions.create(model=server.model, prompt="Yes or no:", max_tokens=3)
+    assert reply.usage.completion_tokens >= 1
+    slots = server.http("GET", "/slots").json()
+    assert not any(s["is_processing"] for s in slots)
+    # Had it not been cancelled, it would have run until the context was full before the request above.
+    assert all(s["last_generated_tokens"] < N_CTX - 100 for s in slots), slots
+
+
 # -- bad input ----------------------------------------------------------------------------------------------
 
 TEXT_PARTS = [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]
@@ -372,3 +384,16 @@ def test_a_full_queue_answers_503_with_retry_after(guarded: Server) -> None:
     # Both cancelled; a client that honours Retry-After gets through (the disconnects may be seen a moment late).
     reply = client.with_options(max_retries=5).chat.completions.create(model="smol", messages=_user("hi"), max_tokens=2)
     assert reply.usage.completion_tokens >= 1
+
+
+def test_a_model_that_fails_to_load_ends_the_server_with_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 60)
+    done = subprocess.run(
+        [PYTHON, "-m", "chatapp", "serve", "-m", str(broken), "--port", "0"],
+        cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=START_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and str(broken) in errors[0], done.stderr
