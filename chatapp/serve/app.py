@@ -56,7 +56,8 @@ class Service:
         if self._prompter is None:
             s = self.scheduler
             if s.state != "ready" or s.model is None or s.pool is None:
-                raise ApiError(503, "Loading model", type="unavailable_error", code="loading")
+                message = "Loading model" if s.state == "loading" else "the model is not available"
+                raise ApiError(503, message, type="unavailable_error", code=s.state)
             self._prompter = Prompter(s.model, s.pool.slots[0].chat.template)
         return self._prompter
 
@@ -69,14 +70,14 @@ class Service:
                 code="model_not_found",
             )
 
-    def check_fits(self, prompt: list[int]) -> None:
+    def check_fits(self, prompt: list[int], param: str) -> None:
         n_ctx = self.scheduler.model.n_ctx if self.scheduler.model else 0
         if len(prompt) >= n_ctx:
             raise ApiError(
                 400,
                 f"the prompt is {len(prompt)} tokens and the context holds {n_ctx}, "
                 "with at least one left for the reply",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
 
@@ -118,8 +119,8 @@ def _reply_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _submit(service: Service, prompt: list[int], gen: Generation, request_id: str) -> Job:
-    service.check_fits(prompt)
+def _submit(service: Service, prompt: list[int], gen: Generation, request_id: str, param: str) -> Job:
+    service.check_fits(prompt, param)
     job = Job(prompt, gen, request_id)
     service.scheduler.submit(job)
     return job
@@ -155,7 +156,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     service.check_model(req.gen.model)
     prompt = await run_in_threadpool(prompter.chat, req.messages)  # templating and tokenizing: off the loop
     head = {"id": _reply_id("chatcmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, req.gen, head["id"])
+    job = _submit(service, prompt, req.gen, head["id"], "messages")
     if req.gen.stream:
         return EventStream(job, _chat_chunks(job, req.gen, head))
     tokens, stats = await collect(job, request.receive)
@@ -205,7 +206,7 @@ async def completions(request: Request) -> Response | EventStream:
     service.check_model(req.gen.model)
     prompt = await run_in_threadpool(prompter.text, req.prompt)
     head = {"id": _reply_id("cmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, req.gen, head["id"])
+    job = _submit(service, prompt, req.gen, head["id"], "prompt")
     start = len(req.prompt) if isinstance(req.prompt, str) else 0
     if req.gen.stream:
         return EventStream(job, _completion_chunks(job, req.gen, head, start))

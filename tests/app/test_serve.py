@@ -343,7 +343,7 @@ def test_raw_bad_bodies_routes_and_prompts(server: Server) -> None:
     _assert_error(server.http("GET", "/v1/nothing"), 404)
     _assert_error(server.http("GET", post), 405)
     long_prompt = {"messages": _user("word " * (N_CTX + 50)), "max_tokens": 2}
-    error = _assert_error(server.http("POST", post, json=long_prompt), 400)
+    error = _assert_error(server.http("POST", post, json=long_prompt), 400, "messages")
     assert error["code"] == "context_length_exceeded"
     # After all of that, the server still answers.
     assert server.client().completions.create(model=server.model, prompt="Hi", max_tokens=1).usage.completion_tokens
