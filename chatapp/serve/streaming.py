@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -60,7 +60,7 @@ async def collect(job: Job, receive: Receive) -> tuple[list[Token], TurnStats]:
 class EventStream:
     """An ASGI response that sends `chunks` (SSE text) as they come, for `job`."""
 
-    def __init__(self, job: Job, chunks: AsyncIterator[str]) -> None:
+    def __init__(self, job: Job, chunks: AsyncGenerator[str, None]) -> None:
         self.job = job
         self.chunks = chunks
 

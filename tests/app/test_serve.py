@@ -181,14 +181,21 @@ def test_logprobs_in_chat_and_in_completions(server: Server) -> None:
 
 def test_completions_stream_and_stop_at_a_string_spread_over_tokens(server: Server) -> None:
     client = server.client()
-    args = {"model": server.model, "prompt": "Here is a list of fruits: apple, banana,", "temperature": 0}
-    client.completions.create(**args, max_tokens=1)  # caches the prompt, so both runs below start alike
-    reference = client.completions.create(**args, max_tokens=16, extra_body=FOREVER).choices[0].text
-    at = len(reference) // 2
-    stop = reference[at : at + 5]
-    expected = reference[: reference.find(stop)]
+    prompt = "Here is a list of the fruits that grow in warm countries and are sold at the old market: apple, banana,"
+    args = {"model": server.model, "prompt": prompt, "temperature": 0, "max_tokens": 16, "extra_body": FOREVER}
+    # Cache the prompt, so that both runs below start alike: in this slot (the prompt is more than half of its
+    # cache), evaluating only the prompt's last token.
+    client.completions.create(**{**args, "max_tokens": 1})
+    reference = client.completions.create(**args)
+    assert reference.usage.prompt_tokens_details.cached_tokens == reference.usage.prompt_tokens - 1
+    text = reference.choices[0].text
+    at = len(text) // 2
+    stop = text[at : at + 5]
+    expected = text[: text.find(stop)]
 
-    chunks = list(client.completions.create(**args, max_tokens=16, stop=[stop], stream=True, extra_body=FOREVER))
+    chunks = list(client.completions.create(**args, stop=[stop], stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == reference.usage.prompt_tokens - 1
+    chunks = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "stop"
     # Nothing of the stop string was sent before it was complete.
