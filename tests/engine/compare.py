@@ -71,9 +71,11 @@ def assert_cache_exactly_fresh(chat: ChatSession) -> None:
 
 # Synthetic models (tests/engine/synthetic.py) against their float64 reference: max |Δ| / spread, measured over
 # llama/qwen2/gpt2, full-prompt logits and the session in chunks, seeds 0-19 (the tests use seed 0).
-# Q8_0, Q4_0: activations rounded to 8 bits before each product; seed 0 up to 0.023, 20 seeds up to 0.050
-# (Q8_0) and 0.044 (Q4_0); float products bring both to 0.001. Bound 20% over the 20-seed maximum.
-INT8_REFERENCE_BOUND = 0.06
+# Q8_0, Q4_0: activations rounded to 8 bits before each product; seed 0 (the tests' seed) up to 0.023 on AVX-512
+# and seeds 0-4 up to 0.032 on AVX2 (the float32 sums' order follows the vector width); 20 seeds reach 0.050
+# (Q8_0) and 0.044 (Q4_0), so a new synthetic draw needs a new measurement; float products bring all to 0.001.
+# Bound 25% over the AVX2 figure.
+INT8_REFERENCE_BOUND = 0.04
 # F32, F16, BF16: float products with or without float_products() (no int8 rounding on these); what is left is
 # q/k/v rounded to float16. Seed 0 up to 0.0013 (BF16), 20 seeds up to 0.0013 (F32 0.0013, F16 0.0012).
 # Bound 50% over the maximum: a last-bit change can move a float16 rounding.

@@ -32,8 +32,10 @@ MAX_DLOGP = {"smollm2": 0.26, "qwen": 0.19}
 # disagreements, one token at a time as greedy decodes: up to 0.256 (SmolLM2), 0.075 (Qwen). Bound ~20% over.
 NEAR_TIE = {"smollm2": 0.3, "qwen": 0.1}
 # Prompts whose 24 greedy tokens all match: measured 3 of 3 (AVX-512) and 2 of 3 (AVX2) for each model, the same
-# at 1 and 2 threads (the one-token path does not depend on the thread count). Bound at the AVX2 figure.
-MIN_EXACT_GREEDY = {"smollm2": 2, "qwen": 2}
+# at 1 and 2 threads (the one-token path does not depend on the thread count). Bound one prompt below the AVX2
+# figure: SmolLM2's prompt 0 has a 0.021-logit near-tie at step 14 that another CPU's BLAS may flip; the check
+# above still holds every prompt to llama.cpp's tokens up to its first near-tie.
+MIN_EXACT_GREEDY = {"smollm2": 1, "qwen": 1}
 GREEDY_STEPS = 24
 
 
@@ -125,8 +127,8 @@ def test_greedy_continuations_match_llama_cpp(case, greedy_runs) -> None:
             )
 
 
-def test_greedy_all_tokens_match_for_most_prompts(greedy_runs) -> None:
-    """For each model, most golden prompts continue exactly as llama.cpp's for all 24 tokens."""
+def test_greedy_all_tokens_match_for_some_prompts(greedy_runs) -> None:
+    """For each model, golden prompts continue exactly as llama.cpp's for all 24 tokens (see MIN_EXACT_GREEDY)."""
     exact = {name: sum(run.matched == GREEDY_STEPS for run in runs) for name, runs in greedy_runs.items()}
     assert all(exact[name] >= MIN_EXACT_GREEDY[name] for name in exact), (exact, greedy_runs)
 
