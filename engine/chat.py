@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from .events import (
 )
 from .model import Model
 from .sampling import Sampler, SamplingSettings
+from .speculative import Drafter
 from .template import ChatTemplate
 
 
@@ -48,9 +50,13 @@ class ChatSession:
         settings: SamplingSettings | None = None,
         stop: Sequence[str] = (),
         n_ctx: int | None = None,
+        drafter: Drafter | None = None,
     ):
         self.model = model
         self.session = model.session(n_ctx)
+        self.drafter = drafter
+        """Speculative decoding's guesser (engine.speculative), or None for one target pass per token."""
+        self._last_draft = 0
         tok = model.tokenizer
         meta = model.file.metadata
         self.template = ChatTemplate.from_metadata(
@@ -152,7 +158,12 @@ class ChatSession:
         seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
         sampler = Sampler(seed)
         decoder = self.model.stream_decoder()
+        drafter = self.drafter
         generated: list[int] = []
+        # Drafted tokens already in the cache, each with the target's logits after it, oldest first: the next
+        # token is checked against queue[0][0] with `logits`, and on acceptance `logits` becomes queue[0][1].
+        queue: list[tuple[int, np.ndarray]] = []
+        counts = {"drafted": 0, "accepted": 0, "passes": 0}
         reply = ""
         forward_ms = prefill_ms
         ttft_ms = 0.0
@@ -170,7 +181,22 @@ class ChatSession:
             t1 = time.perf_counter()
             last_n = valid.repeat_last_n
             recent = (prompt + generated)[-last_n:] if last_n > 0 else ()
-            res = sampler.sample(logits, settings, recent)
+            drafted = False
+            if queue:
+                guess, after = queue[0]
+                res, drafted = sampler.sample_draft(logits, settings, recent, guess)
+                if drafted:
+                    queue.pop(0)
+                    counts["accepted"] += 1
+                    if not queue and drafter is not None:
+                        drafter.feedback(self._last_draft, self._last_draft)
+                else:  # the cache must hold only accepted tokens: drop the rejected guess and those after it
+                    if drafter is not None:
+                        drafter.feedback(self._last_draft, self._last_draft - len(queue))
+                    self.session.truncate(len(prompt) + len(generated))
+                    queue.clear()
+            else:
+                res = sampler.sample(logits, settings, recent)
             sample_ms = (time.perf_counter() - t1) * 1000
             if res.token_id in self.stop_ids:
                 stop = STOP_EOS
@@ -187,11 +213,12 @@ class ChatSession:
             yield TokenEvent(
                 token_id=res.token_id,
                 text=piece,
-                forward_ms=forward_ms,
+                forward_ms=0.0 if drafted else forward_ms,
                 sample_ms=sample_ms,
                 prob=res.prob,
                 top=tuple(Alternative(i, self.model.detokenize([i]), p) for i, p in res.top),
                 index=len(generated) - 1,
+                drafted=drafted,
             )
             if cut is not None:
                 stop = STOP_STRING
@@ -199,7 +226,11 @@ class ChatSession:
             if 0 < valid.max_tokens <= len(generated):
                 stop = STOP_LENGTH
                 break
-            if self.session.n_past >= self.n_ctx:
+            if drafted:  # the verification pass already gave the logits after this token
+                logits = after
+                continue
+            position = len(prompt) + len(generated) - 1  # where the newest token goes in the cache
+            if position >= self.n_ctx:
                 shifted = self._shift(messages, prompt, generated, reserve) if messages else None
                 if shifted is None:
                     stop = STOP_CONTEXT
@@ -209,12 +240,24 @@ class ChatSession:
                 forward_ms = 0.0
                 continue
             t2 = time.perf_counter()
-            logits = self.session.eval([res.token_id])
+            guesses = self._draft(drafter, prompt + generated, valid, len(generated), position)
+            if guesses:
+                rows = self.session.eval_all([res.token_id, *guesses])  # (1 + len(guesses), n_vocab)
+                logits = rows[0]
+                queue = [(g, rows[i + 1]) for i, g in enumerate(guesses)]
+                counts["drafted"] += len(guesses)
+            else:
+                logits = self.session.eval([res.token_id])
+            counts["passes"] += 1
             forward_ms = (time.perf_counter() - t2) * 1000
+        # Whatever the stop, the cache holds a prefix of the visible tokens and no unchecked guess.
+        self.session.truncate(min(self.session.n_past, len(prompt) + len(generated)))
+        if drafter is not None:
+            drafter.follow(self.session.tokens)
         if stop != STOP_STRING:
             reply += decoder.flush()
         decode_ms = (time.perf_counter() - t_decode) * 1000
-        yield self._stats(
+        stats = self._stats(
             len(prompt),
             reused,
             len(prompt) - reused,
@@ -227,6 +270,26 @@ class ChatSession:
             shifts,
             notes,
         )
+        yield replace(
+            stats,
+            drafter=drafter.name if drafter is not None else "",
+            draft_tokens=counts["drafted"],
+            draft_accepted=counts["accepted"],
+            target_passes=counts["passes"],
+        )
+
+    def _draft(
+        self, drafter: Drafter | None, context: list[int], valid: SamplingSettings, n_gen: int, position: int
+    ) -> list[int]:
+        """The drafter's guesses after `context`, as many as the context and max_tokens leave room for."""
+        if drafter is None:
+            return []
+        limit = self.n_ctx - position - 1  # the newest token and the guesses must fit the cache
+        if valid.max_tokens > 0:
+            limit = min(limit, valid.max_tokens - n_gen)  # guesses past max_tokens would never be shown
+        guesses = drafter.draft(context, limit) if limit > 0 else []
+        self._last_draft = len(guesses)
+        return guesses
 
     # -- helpers -------------------------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ class TokenEvent:
     prob: float  # probability of the chosen token
     top: tuple[Alternative, ...] = ()  # top-5 candidates, most likely first
     index: int = 0  # 0 for the first generated token of the turn
+    drafted: bool = False  # a drafter's guess that the target accepted (speculative decoding)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,22 @@ class TurnStats:
     reply: str = ""  # the reply text as generated (also what the caller should store)
     warnings: tuple[str, ...] = field(default_factory=tuple)
     device: str = ""  # where the model ran, e.g. "cpu" or "cuda:0 (NVIDIA H200), 30/30 layers + output"
+    drafter: str = ""  # "lookup" or the draft model's name; "" without speculative decoding
+    draft_tokens: int = 0  # tokens the drafter proposed this turn
+    draft_accepted: int = 0  # of those, accepted by the target
+    target_passes: int = 0  # target forward passes while decoding (one per token without a drafter)
+    restored_tokens: int = 0  # of reused_tokens, read from a saved KV cache instead of evaluated
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens the target accepted (0 without drafts)."""
+        return self.draft_accepted / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Generated tokens per target forward pass while decoding (1.0 without a drafter)."""
+        steps = self.generated_tokens - 1  # the first token comes from the prefill
+        return steps / self.target_passes if self.target_passes and steps > 0 else 0.0
 
     @property
     def prefill_tok_s(self) -> float:

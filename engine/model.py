@@ -391,6 +391,18 @@ class Session:
                 on_chunk(len(chunk))
         return logits[0]
 
+    def eval_all(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ids to the cache; return float32 (len(ids), n_vocab) logits, one row per id (draft checks)."""
+        arr = self.model._check_ids(ids)
+        if self.n_past + len(arr) > self.n_ctx:
+            raise ContextFullError(f"{self.n_past} cached + {len(arr)} new tokens exceed the context of {self.n_ctx}")
+        parts = []
+        for i in range(0, len(arr), PREFILL_CHUNK):
+            chunk = arr[i : i + PREFILL_CHUNK]
+            parts.append(self.model.forward(chunk, self.cache, self.n_past, last_only=False))
+            self.tokens.extend(int(t) for t in chunk)
+        return np.concatenate(parts, axis=0)
+
     def truncate(self, n: int) -> None:
         """Forget every position from n on (their cache slots are overwritten by later evals)."""
         if not 0 <= n <= self.n_past:

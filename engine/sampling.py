@@ -334,10 +334,51 @@ class Sampler:
 
         ids, probs = distribution(x, s)
         i = _draw(self._rng, probs)
-        if ids is None:  # the whole vocab, in id order
-            top = top_ids(x, N_TOP)  # temperature > 0 keeps the ranking of the logits
-            return SampleResult(i, float(probs[i]), _pairs(top, probs[top]))
-        return SampleResult(int(ids[i]), float(probs[i]), _pairs(ids[:N_TOP], probs[:N_TOP]))
+        return _result(x, ids, probs, i)
+
+    def sample_draft(
+        self, logits: np.ndarray, settings: SamplingSettings, recent: Sequence[int], draft: int
+    ) -> tuple[SampleResult, bool]:
+        """The next token when a deterministic draft proposed `draft`, and whether the draft was accepted.
+
+        Speculative sampling's rule for a draft that is a point mass: accept with probability p(draft) under
+        the distribution `sample` would draw from, else draw from p with the draft removed (renormalised).
+        The token is then distributed exactly as `sample`'s. Greedy: the argmax, accepted when it is the draft.
+        """
+        if settings is not self._settings:
+            self._settings, self._valid = settings, settings.validated()[0]
+        s = self._valid
+        if s.temperature <= 0:
+            res = self.sample(logits, settings, recent)
+            return res, res.token_id == draft
+        x = apply_penalties(logits, recent, s.repeat_penalty, s.repeat_last_n, s.presence_penalty, s.frequency_penalty)
+        x_max = float(x.max())
+        if not math.isfinite(x_max):
+            raise ValueError(f"logits are not usable for sampling (max is {x_max})")
+        ids, probs = distribution(x, s)
+        if ids is None:
+            at = draft if 0 <= draft < probs.size else -1
+        else:
+            hits = np.flatnonzero(ids == draft)
+            at = int(hits[0]) if hits.size else -1
+        p_draft = float(probs[at]) if at >= 0 else 0.0
+        if p_draft > 0.0 and self._rng.random() < p_draft:
+            return _result(x, ids, probs, at), True
+        residual = probs
+        if at >= 0:
+            residual = probs.copy()
+            residual[at] = 0.0
+        if not residual.any():  # p(draft) was 1 up to rounding and the draw fell past it
+            return _result(x, ids, probs, at), True
+        return _result(x, ids, probs, _draw(self._rng, residual)), False
+
+
+def _result(x: np.ndarray, ids: np.ndarray | None, probs: np.ndarray, i: int) -> SampleResult:
+    """The SampleResult for index i of a distribution (ids, probs) drawn from the penalised logits x."""
+    if ids is None:  # the whole vocab, in id order
+        top = top_ids(x, N_TOP)  # temperature > 0 keeps the ranking of the logits
+        return SampleResult(i, float(probs[i]), _pairs(top, probs[top]))
+    return SampleResult(int(ids[i]), float(probs[i]), _pairs(ids[:N_TOP], probs[:N_TOP]))
 
 
 _DRAW_BLOCK = 1024  # above this many candidates, find the block first: np.cumsum is slow over 152k

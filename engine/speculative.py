@@ -1,0 +1,175 @@
+"""Drafters for speculative decoding: cheap guesses of the next few tokens, checked by one target pass.
+
+A drafter is deterministic given the context, so the chat layer accepts its tokens with the point-mass form of
+the speculative-sampling rule (Sampler.sample_draft) and the reply follows the target's distribution exactly.
+
+- `LookupDrafter` (prompt lookup): the tokens that followed the latest earlier occurrence of the context's last
+  n-gram. Free to compute; it pays off when a reply repeats text already in the conversation.
+- `ModelDrafter`: a smaller model with the same vocabulary, greedy, with its own KV cache that follows the
+  target's (it is truncated to the longest common prefix with the target's tokens before every draft).
+
+Both adapt the draft length: it doubles after a fully accepted draft and halves after a rejection, because a
+verification pass over k tokens costs more than a one-token pass on a CPU, and wasted guesses must stay rare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from .errors import SettingsError
+
+if TYPE_CHECKING:
+    from .model import Model
+
+DRAFT_MAX = 16  # llama.cpp's --draft-max default
+DRAFT_P_MIN = 0.75  # a draft model stops guessing when its own top probability falls below this (llama.cpp's)
+LOOKUP_NGRAM = 3  # longest n-gram prompt lookup matches; it tries shorter ones down to LOOKUP_NGRAM_MIN
+LOOKUP_NGRAM_MIN = 2  # single-token matches guess wrong too often to pay for their verification
+
+
+class Drafter(Protocol):
+    """Guesses continuations of a token sequence."""
+
+    name: str  # "lookup" or the draft model's name, for display
+
+    def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens guessed to follow `context` (which ends with the newest sampled token)."""
+        ...
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """How many of the last draft's tokens the target accepted."""
+        ...
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        """The target's KV cache now holds exactly `tokens` (after a turn, a cancel or a context shift)."""
+        ...
+
+
+class _Length:
+    """Adaptive draft length between 1 and `most`."""
+
+    def __init__(self, most: int, start: int = 4) -> None:
+        self.most = max(1, most)
+        self.now = min(start, self.most)
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted >= drafted:
+            self.now = min(self.most, self.now * 2)
+        else:
+            self.now = max(1, self.now // 2)
+
+
+class LookupDrafter:
+    """Prompt lookup: continue the latest earlier match of the context's last n tokens, n = ngram .. ngram_min."""
+
+    name = "lookup"
+
+    def __init__(self, draft_max: int = DRAFT_MAX, ngram: int = LOOKUP_NGRAM, ngram_min: int = LOOKUP_NGRAM_MIN):
+        if ngram < 1 or ngram_min < 1 or ngram_min > ngram:
+            raise SettingsError(f"lookup n-gram sizes {ngram_min}..{ngram} must be 1 or more, smallest first")
+        self.ngram, self.ngram_min = ngram, ngram_min
+        self.length = _Length(draft_max)
+
+    def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        n = min(limit, self.length.now)
+        if n <= 0:
+            return []
+        ids = np.asarray(context, dtype=np.int64)
+        for g in range(min(self.ngram, len(ids) - 1), self.ngram_min - 1, -1):
+            key = ids[-g:]
+            # Candidate starts j < len - g whose first token matches, newest first; then the whole n-gram.
+            starts = np.flatnonzero(ids[: len(ids) - g] == key[0])
+            for j in starts[::-1]:
+                if np.array_equal(ids[j : j + g], key):
+                    follow = ids[j + g : j + g + n]
+                    if follow.size:
+                        return [int(t) for t in follow]
+        return []
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        self.length.feedback(drafted, accepted)
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        pass  # nothing cached: the context is read afresh each time
+
+
+def check_same_vocab(target: Model, draft: Model) -> None:
+    """Raise SettingsError (one line) unless the draft's tokens are the target's, id for id."""
+    a, b = target.tokenizer, draft.tokenizer
+    why = None
+    if a.n_vocab != b.n_vocab:
+        why = f"{b.n_vocab} tokens against the target's {a.n_vocab}"
+    elif (a.bos_id, a.eos_id) != (b.bos_id, b.eos_id):
+        why = f"BOS/EOS ids {b.bos_id}/{b.eos_id} against the target's {a.bos_id}/{a.eos_id}"
+    else:
+        for i in range(a.n_vocab):
+            if a.token_text(i) != b.token_text(i):
+                why = f"token {i} is {b.token_text(i)!r}, the target's is {a.token_text(i)!r}"
+                break
+    if why is not None:
+        raise SettingsError(f"draft model {draft.name} does not share the vocabulary of {target.name}: {why}")
+
+
+class ModelDrafter:
+    """Greedy guesses from a smaller model of the same vocabulary, with its own KV cache."""
+
+    def __init__(
+        self,
+        model: Model,
+        target: Model,
+        n_ctx: int | None = None,
+        draft_max: int = DRAFT_MAX,
+        p_min: float = DRAFT_P_MIN,
+    ) -> None:
+        check_same_vocab(target, model)
+        self.model = model
+        self.session = model.session(n_ctx)
+        self.name = model.name
+        self.p_min = p_min
+        self.length = _Length(draft_max)
+        self.n_vocab_target = target.n_vocab  # a padded draft vocabulary's extra ids are never offered
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self.session.tokens)
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        keep = _common_prefix(self.session.tokens, tokens)
+        self.session.truncate(keep)
+
+    def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        n = min(limit, self.length.now, self.session.n_ctx - len(context))
+        if n <= 0 or not context:
+            return []
+        keep = min(_common_prefix(self.session.tokens, context), len(context) - 1)
+        self.session.truncate(keep)
+        logits = self.session.eval(context[keep:])
+        out: list[int] = []
+        while True:
+            tok = int(logits.argmax())
+            if tok >= self.n_vocab_target:
+                break
+            # Only confident guesses: a rejected one costs the target a wider pass for nothing.
+            if self.p_min > 0 and 1.0 / float(np.exp(logits - logits[tok]).sum(dtype=np.float64)) < self.p_min:
+                break
+            out.append(tok)
+            if len(out) >= n:
+                break
+            logits = self.session.eval([tok])
+        return out
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        self.length.feedback(drafted, accepted)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n

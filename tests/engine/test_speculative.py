@@ -1,0 +1,309 @@
+"""Speculative decoding (engine/speculative.py, the chat layer's verification): prompt lookup and a draft model.
+
+Greedy replies equal plain decoding's token for token; sampled replies follow the target's distribution (a
+chi-square test on a tiny model); the cache holds exactly the accepted tokens after rejections, cancels and
+context shifts, and a draft model's cache follows the target's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from engine import load_model
+from engine.chat import ChatSession
+from engine.errors import SettingsError
+from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
+from engine.kernels import float_products
+from engine.sampling import Sampler, SamplingSettings, distribution
+from engine.speculative import LookupDrafter, ModelDrafter, check_same_vocab
+
+from .compare import assert_cache_exactly_fresh, spread
+from .synthetic import write_tiny_model
+
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=48)
+CODE = (
+    "def add_numbers(a, b):\n    result = a + b\n    print('the result is', result)\n    return result\n\n"
+    "def scale(values, factor):\n    out = []\n    for v in values:\n        out.append(v * factor)\n    return out\n"
+)
+REWRITE = [Message("user", "Rewrite this code with the function scale renamed to multiply_all:\n\n" + CODE)]
+STORY = [Message("user", "Tell me a short story about a lighthouse keeper.")]
+NEAR_TIE = 0.02  # of the logits' spread: where the prefill and one-token arithmetic may pick differently
+
+
+def run(chat: ChatSession, messages: list[Message]) -> tuple[list[TokenEvent], TurnStats]:
+    events = list(chat.stream_reply(messages))
+    stats = events[-1]
+    assert isinstance(stats, TurnStats)
+    return events[:-1], stats
+
+
+def ids_of(events: list[TokenEvent]) -> list[int]:
+    return [e.token_id for e in events]
+
+
+def assert_same_greedy(model, prompt: list[int], plain: list[int], ours: list[int]) -> None:
+    """Token for token the same; a divergence is allowed only where plain decoding's top two were a near-tie
+    (the verification pass sums in another order than the one-token pass), and everything before it agrees."""
+    if ours == plain:
+        return
+    at = next(i for i, (a, b) in enumerate(zip(plain, ours, strict=False)) if a != b)
+    fresh = model.logits(prompt + plain[:at])[-1]
+    first, second = np.sort(fresh)[-2:][::-1]
+    assert first - second <= NEAR_TIE * spread(fresh), f"greedy replies differ at token {at} without a near-tie"
+
+
+class FixedDrafter:
+    """Always guesses the same tokens: every guess is checked, most are rejected."""
+
+    name = "fixed"
+
+    def __init__(self, guesses: list[int]) -> None:
+        self.guesses = guesses
+
+    def draft(self, context, limit):
+        return self.guesses[:limit]
+
+    def feedback(self, drafted, accepted):
+        pass
+
+    def follow(self, tokens):
+        pass
+
+
+# -- the acceptance rule -----------------------------------------------------------------------------------
+
+
+def chi_square_bound(df: int, z: float = 4.0) -> float:
+    """The chi-square quantile at a normal z (Wilson-Hilferty): z=4 is a false alarm once in ~30,000 runs."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sample_draft_follows_the_target_distribution() -> None:
+    """For one logits vector and each kind of guess (likely, unlikely, filtered out), the accepted-or-redrawn
+    token has the distribution plain sampling draws from."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal(12).astype(np.float32) * 2
+    settings = SamplingSettings(temperature=0.9, top_k=6, top_p=1.0, min_p=0.0, seed=0)
+    ids, probs = distribution(logits, settings.validated()[0])
+    p = np.zeros(12)
+    p[ids] = probs
+    n = 20000
+    for guess in (int(ids[0]), int(ids[3]), int(np.argmin(logits))):
+        sampler = Sampler(11)
+        counts = Counter()
+        accepted = 0
+        for _ in range(n):
+            res, ok = sampler.sample_draft(logits, settings, (), guess)
+            counts[res.token_id] += 1
+            accepted += ok
+            assert ok == (res.token_id == guess)
+        observed = np.array([counts[i] for i in ids])
+        assert sum(observed) == n  # nothing outside the filtered set
+        chi2 = float(((observed - n * probs) ** 2 / (n * probs)).sum())
+        assert chi2 < chi_square_bound(len(ids) - 1), f"guess {guess}: chi-square {chi2:.1f}"
+        assert abs(accepted / n - p[guess]) < 4 * math.sqrt(max(p[guess], 1e-9) / n) + 1e-9
+
+
+def test_sample_draft_greedy_accepts_exactly_the_argmax() -> None:
+    logits = np.array([0.1, 3.0, 2.9, -1.0], dtype=np.float32)
+    sampler = Sampler(0)
+    assert sampler.sample_draft(logits, GREEDY, (), 1) == (sampler.sample(logits, GREEDY, ()), True)
+    res, ok = sampler.sample_draft(logits, GREEDY, (), 2)
+    assert (res.token_id, ok) == (1, False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    write_tiny_model(path, "llama", seed=3)
+    return load_model(path, n_ctx=128)
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "fixed-guesses"])
+def test_sampled_replies_follow_the_target_distribution(tiny, kind: str) -> None:
+    """Three sampled tokens after a prompt, 3000 seeds, with every token after the first checked against a
+    draft: the joint frequencies match the target's own probabilities (chi-square over the 27 outcomes)."""
+    settings = SamplingSettings(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, max_tokens=3)
+    prompt = [40, 41, 42, 43, 40, 41]
+    valid = settings.validated()[0]
+
+    def dist(ids: list[int]) -> dict[int, float]:
+        top, probs = distribution(tiny.logits(ids)[-1], valid)
+        return dict(zip((int(t) for t in top), probs, strict=True))
+
+    exact: dict[tuple[int, ...], float] = {}
+    for a, pa in dist(prompt).items():
+        for b, pb in dist([*prompt, a]).items():
+            for c, pc in dist([*prompt, a, b]).items():
+                exact[(a, b, c)] = pa * pb * pc
+
+    if kind == "draft-model":
+        drafter = ModelDrafter(tiny, tiny, p_min=0.0)
+    else:  # the same two guesses whatever came before: the likeliest path's second and third tokens
+        a = max(dist(prompt).items(), key=lambda kv: kv[1])[0]
+        b = max(dist([*prompt, a]).items(), key=lambda kv: kv[1])[0]
+        c = max(dist([*prompt, a, b]).items(), key=lambda kv: kv[1])[0]
+        drafter = FixedDrafter([b, c])
+    chat = ChatSession(tiny, settings, drafter=drafter)
+    chat.stop_ids = set()  # outcomes are exactly three tokens
+    seen: Counter = Counter()
+    drafted = accepted = 0
+    n = 3000
+    for seed in range(n):
+        chat.settings = replace(settings, seed=seed)
+        events = list(chat.stream_completion(prompt))
+        seen[tuple(e.token_id for e in events[:-1])] += 1
+        drafted += events[-1].draft_tokens
+        accepted += events[-1].draft_accepted
+    assert drafted > n // 2 and 0 < accepted < drafted  # the rule was exercised both ways
+    assert set(seen) <= set(exact)
+    cells = [k for k in exact if exact[k] * n >= 5]  # chi-square needs expected counts of 5 or more
+    rest = n * (1 - sum(exact[k] for k in cells))
+    observed = [seen[k] for k in cells] + [n - sum(seen[k] for k in cells)]
+    expected = [exact[k] * n for k in cells] + [rest]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
+    assert chi2 < chi_square_bound(len(cells)), f"chi-square {chi2:.1f} over {len(cells) + 1} cells"
+
+
+# -- greedy on the real models -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft-model"])
+@pytest.mark.parametrize("messages", [REWRITE, STORY], ids=["rewrite", "story"])
+def test_greedy_equals_plain_decoding(smollm2_model, kind: str, messages) -> None:
+    plain_chat = ChatSession(smollm2_model, GREEDY)
+    plain_events, plain_stats = run(plain_chat, messages)
+    drafter = LookupDrafter() if kind == "lookup" else ModelDrafter(smollm2_model, smollm2_model)
+    chat = ChatSession(smollm2_model, GREEDY, drafter=drafter)
+    events, stats = run(chat, messages)
+    prompt = chat.prompt_tokens(messages)
+    assert_same_greedy(smollm2_model, prompt, ids_of(plain_events), ids_of(events))
+    if ids_of(events) == ids_of(plain_events):
+        assert stats.reply == plain_stats.reply
+    assert chat.cached_tokens == (prompt + ids_of(events))[: len(chat.cached_tokens)]
+    if kind == "draft-model":  # its own draft: every confident guess is right
+        assert stats.draft_accepted > 0 and stats.tokens_per_pass > 1
+        assert drafter.cached_tokens == chat.cached_tokens[: len(drafter.cached_tokens)]
+    if messages is REWRITE and kind == "lookup":
+        assert stats.draft_accepted > 0
+    assert sum(e.drafted for e in events) == stats.draft_accepted
+
+
+def test_greedy_equals_plain_decoding_on_qwen(qwen_model) -> None:
+    plain = ids_of(run(ChatSession(qwen_model, GREEDY), REWRITE)[0])
+    chat = ChatSession(qwen_model, GREEDY, drafter=LookupDrafter())
+    events, stats = run(chat, REWRITE)
+    assert_same_greedy(qwen_model, chat.prompt_tokens(REWRITE), plain, ids_of(events))
+    assert stats.draft_accepted > 0
+
+
+# -- the cache -----------------------------------------------------------------------------------------------
+
+
+def test_rejected_guesses_leave_the_cache(smollm2_model) -> None:
+    """A drafter that guesses wrong at every step: each rejection truncates, the output is plain decoding's,
+    and the cache is exactly fresh (float products, so the comparison is exact)."""
+    with float_products():
+        settings = replace(GREEDY, max_tokens=12)
+        plain = ids_of(run(ChatSession(smollm2_model, settings), STORY)[0])
+        chat = ChatSession(smollm2_model, settings, drafter=FixedDrafter([13, 13, 13]))
+        events, stats = run(chat, STORY)
+        assert stats.draft_tokens > 0 and stats.draft_accepted < stats.draft_tokens
+        assert_same_greedy(smollm2_model, chat.prompt_tokens(STORY), plain, ids_of(events))
+        prompt = chat.prompt_tokens(STORY)
+        visible = prompt + ids_of(events)
+        assert chat.cached_tokens == visible[: len(chat.cached_tokens)]
+        assert len(chat.cached_tokens) >= len(visible) - 1
+        assert_cache_exactly_fresh(chat)
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft-model"])
+def test_cancel_with_guesses_in_flight(smollm2_model, kind: str) -> None:
+    """Cancel while accepted and unchecked guesses are in the cache: it keeps exactly the shown tokens, the
+    draft model's cache follows, and the next turn is exact."""
+    with float_products():
+        drafter = LookupDrafter() if kind == "lookup" else ModelDrafter(smollm2_model, smollm2_model)
+        chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=64), drafter=drafter)
+        prompt = chat.prompt_tokens(REWRITE)
+        shown: list[TokenEvent] = []
+        for event in chat.stream_reply(REWRITE):
+            if isinstance(event, TokenEvent):
+                shown.append(event)
+                if len(shown) == 6:
+                    chat.cancel()
+            else:
+                stats = event
+        assert stats.stop_reason == STOP_CANCELLED and len(shown) == 6
+        assert chat.cached_tokens == prompt + ids_of(shown)
+        if isinstance(drafter, ModelDrafter):
+            assert chat.cached_tokens[: len(drafter.cached_tokens)] == drafter.cached_tokens
+        chat.settings = replace(GREEDY, max_tokens=1)
+        follow = [*REWRITE, Message("assistant", stats.reply), Message("user", "Go on.")]
+        run(chat, follow)
+        assert chat.cached_tokens == chat.prompt_tokens(follow)
+        assert_cache_exactly_fresh(chat)
+
+
+def test_context_shift_with_a_draft_model(smollm2_model) -> None:
+    """Turns that overflow a 256-token context: shifts happen, the system prompt stays, the draft model's cache
+    is always a prefix of the target's, and replies end normally."""
+    drafter = ModelDrafter(smollm2_model, smollm2_model, n_ctx=256)
+    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=40), n_ctx=256, drafter=drafter)
+    system = Message("system", "You are a pirate. Always answer like a pirate.")
+    system_ids = chat.prompt_tokens([system], add_generation_prompt=False)
+    messages = [system]
+    shifted = 0
+    for turn in range(12):
+        messages.append(Message("user", f"Question {turn}: what is {turn} plus {turn}? Explain briefly."))
+        _, stats = run(chat, messages)
+        assert stats.stop_reason in (STOP_EOS, STOP_LENGTH)
+        assert chat.cached_tokens[: len(system_ids)] == system_ids
+        assert chat.cached_tokens[: len(drafter.cached_tokens)] == drafter.cached_tokens
+        assert stats.draft_accepted > 0
+        shifted += stats.context_shifts
+        messages.append(Message("assistant", stats.reply))
+    assert shifted > 0
+
+
+def test_settings_change_mid_reply_applies_with_guesses_pending(smollm2_model) -> None:
+    wild = SamplingSettings(temperature=3.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=40)
+    chat = ChatSession(smollm2_model, wild, drafter=ModelDrafter(smollm2_model, smollm2_model, p_min=0.0))
+    events = []
+    for event in chat.stream_reply(REWRITE):
+        if isinstance(event, TokenEvent):
+            events.append(event)
+            if event.index == 4:
+                chat.settings = replace(wild, temperature=0.0, max_tokens=14)
+        else:
+            stats = event
+    if stats.stop_reason == STOP_LENGTH:
+        assert len(events) == 14
+    greedy_part = events[5:]
+    assert greedy_part and all(e.token_id == e.top[0].token_id for e in greedy_part)
+
+
+# -- the draft model's vocabulary ------------------------------------------------------------------------------
+
+
+def test_a_draft_of_another_vocabulary_is_refused(smollm2_model, tiny) -> None:
+    with pytest.raises(SettingsError) as err:
+        ModelDrafter(tiny, smollm2_model)
+    message = str(err.value)
+    assert "\n" not in message and "does not share the vocabulary" in message
+    check_same_vocab(smollm2_model, smollm2_model)  # the same file is its own valid draft
+
+
+def test_lookup_finds_the_latest_longest_match() -> None:
+    d = LookupDrafter(draft_max=4, ngram=3, ngram_min=2)
+    d.length.now = 4
+    ctx = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 6, 6, 1, 2, 3]  # "1 2 3" once before: then 9 9 5 2
+    assert d.draft(ctx, 8) == [9, 9, 5, 2]
+    assert d.draft([5, 6, 7, 6, 7], 8) == [6, 7]  # bigram "6 7" at 1, followed by 6 7
+    assert d.draft([1, 2, 3, 4], 8) == []  # no repeat, no guess
+    assert d.draft(ctx, 2) == [9, 9]
+    assert d.draft([4, 4, 4, 4], 8) == [4]  # the latest match: the one that ends just before the key
