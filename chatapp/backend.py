@@ -1,8 +1,13 @@
 """The one narrow interface between the app and an inference engine.
 
-The TUI talks only to a `ChatBackend`. The real one wraps `engine.chat.ChatSession`; tests use a scripted fake.
-`stream_reply` is called from the single inference worker thread; `settings` and `cancel()` may be used from
-the UI thread at any moment.
+The TUI talks only to a `ChatBackend`. The local one is `engine.chat.ChatSession`; `chatapp.remote.RemoteBackend`
+is a model on an OpenAI-compatible server; tests use a scripted fake. `stream_reply` is called from the single
+inference worker thread; `settings` and `cancel()` may be used from the UI thread at any moment.
+
+A remote backend also has `remote` (a `chatapp.remote.RemoteInfo`: host, server, which settings it honours),
+which the status line and the sampling panel show. Its `n_ctx` is 0 when the server does not say, its token
+events have `token_id` -1 (servers send text, not ids) and `prob` -1 when the server sent no logprobs, and a
+new `settings` applies from the next reply: a request in flight keeps the settings it was sent with.
 """
 
 from __future__ import annotations

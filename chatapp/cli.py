@@ -48,14 +48,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .drafting import add_draft_args
+    from .remote_cli import add_remote_args
+
     parser = argparse.ArgumentParser(prog="chatapp", description="Chat with local language models.")
     _model_args(parser)
+    add_draft_args(parser)
+    add_remote_args(parser)
     parser.add_argument("--system", dest="system_prompt", help="system prompt for new chats")
     _sampling_args(parser)
     sub = parser.add_subparsers(dest="command")
 
     run = sub.add_parser("run", help="generate from a prompt and print it")
     _model_args(run)
+    add_draft_args(run)
     run.add_argument("-p", "--prompt", required=True)
     run.add_argument(
         "-n", "--n-predict", dest="max_tokens", type=int, help="tokens to generate (-1: no limit)"
@@ -63,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
     _sampling_args(run)
+    add_remote_args(run)
 
     serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     _model_args(serve)
@@ -81,18 +88,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("-n", "--n-predict", dest="max_tokens", type=int, help="default reply limit (-1: none)")
     _sampling_args(serve)
 
-    pull = sub.add_parser("pull", help="download a catalog model into the cache")
-    pull.add_argument("name")
+    pull = sub.add_parser("pull", help="download a catalog model, or hf:ORG/REPO[:QUANT|/FILE.gguf], into the cache")
+    pull.add_argument("name", help="a catalog name, or hf:ORG/REPO[:QUANT] or hf:ORG/REPO/FILE.gguf from the hub")
     pull.add_argument("--force", action="store_true", help="download again even if present")
 
     sub.add_parser("models", help="list catalog models and downloaded files")
 
     bench = sub.add_parser("bench", help="measure prefill and decode speed")
     _model_args(bench)
+    add_draft_args(bench)
     bench.add_argument("-p", "--n-prompt", type=int, default=256)
     bench.add_argument("-n", "--n-gen", type=int, default=128)
     bench.add_argument("-r", "--repetitions", type=int, default=3)
     bench.add_argument("--json", action="store_true")
+    add_remote_args(bench)
     return parser
 
 
@@ -100,8 +109,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
         "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
+        "model_draft", "draft_max", "lookup",
     )  # fmt: skip
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    from .remote_cli import remote_overrides
+
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None} | remote_overrides(args)
 
 
 def _settings(args: argparse.Namespace):
@@ -119,9 +131,15 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
     With `console`, the pull draws a progress bar on the terminal; without (inside the TUI), progress goes
     through `say` as text lines.
     """
+    from . import hub
     from .catalog import ModelError, default_model_name, ensure_model, resolve_model
     from .pull import pull_with_progress
 
+    if hub.is_hub_spec(spec):  # pulled on first use, as llama.cpp's -hf does
+        if (found := hub.find_local(hub.HubSpec.parse(spec))) is not None:
+            return found
+        say(f"downloading {spec} from the hub")
+        return hub.pull(spec, progress_bars=console)
     try:
         return resolve_model(spec)
     except ModelError:
@@ -163,6 +181,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import print_run_summary
 
     settings = _settings(args)
+    if settings.remote.enabled:
+        from .remote_cli import run_remote
+
+        return run_remote(args, settings)
 
     def say(msg: str) -> None:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)
@@ -170,7 +192,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = _load(args, settings, say)
     for warning in model.warnings:
         say(f"warning: {warning}")
-    chat = ChatSession(model, settings.sampling)
+    from .drafting import make_drafter
+
+    drafter = make_drafter(settings, model, lambda s: _load(args, s, say), say)
+    chat = ChatSession(model, settings.sampling, drafter=drafter)
     for note in settings.sampling.validated()[1]:
         say(f"warning: {note}")
     if args.chat:
@@ -256,8 +281,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from . import hub
     from .pull import pull_with_progress
 
+    if hub.is_hub_spec(args.name):
+        path = hub.pull(args.name, force=args.force)
+        print(f"{args.name}: sha256 verified against the hub, saved to {path}")
+        return 0
     pull_with_progress(args.name, force=args.force)
     return 0
 
@@ -285,8 +315,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
 
     settings = _settings(args)
-    model = _load(args, settings, lambda msg: print(f"chatapp: {msg}", file=sys.stderr, flush=True))
-    return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json)
+    if settings.remote.enabled:
+        from .remote_cli import bench_remote
+
+        return bench_remote(args, settings)
+    from .drafting import make_drafter
+
+    def say(msg: str) -> None:
+        print(f"chatapp: {msg}", file=sys.stderr, flush=True)
+
+    model = _load(args, settings, say)
+    drafter = make_drafter(settings, model, lambda s: _load(args, s, say), say)
+    return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json, drafter=drafter)
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
@@ -297,13 +337,26 @@ def cmd_tui(args: argparse.Namespace) -> int:
     def factory(progress: Callable[[str], None]):
         from engine.chat import ChatSession
 
-        return ChatSession(_load(args, settings, progress, console=False), settings.sampling)
+        from .drafting import make_drafter
+
+        model = _load(args, settings, progress, console=False)
+        drafter = make_drafter(settings, model, lambda s: _load(args, s, progress, console=False), progress)
+        return ChatSession(model, settings.sampling, drafter=drafter)
+
+    model_name = settings.model
+    if settings.remote.enabled:
+        from .remote_cli import open_remote, remote_label
+
+        def factory(progress: Callable[[str], None]):  # noqa: F811 - the remote server instead
+            return open_remote(args, settings, progress)
+
+        model_name = remote_label(args, settings)
 
     from .paths import user_data_dir
 
     run_app(
         factory,
-        model_name=settings.model,
+        model_name=model_name,
         settings=settings.sampling,
         system_prompt=settings.system_prompt,
         store_path=user_data_dir() / "conversations.db",

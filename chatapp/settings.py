@@ -5,6 +5,9 @@ Every key is checked against the defaults' schema: an unknown key, a wrong type 
 one line; the CLI prints `str(error)` and never a traceback.
 
 The `[sampling]` table maps one to one onto `engine.sampling.SamplingSettings`, whose fields are the schema.
+The `[remote]` table (`RemoteSettings`) points the app at an OpenAI-compatible server instead of the local
+engine; `OPENAI_BASE_URL` and `OPENAI_API_KEY` override its `base_url` and `api_key`, as the `openai` client's own
+defaults do, and the command line overrides them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 import re
 import tomllib
 import typing
@@ -27,10 +31,27 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda")  # "gpu" is accepted too and read as "cuda"
 CLI = "command line"  # the source name used in errors about `cli_overrides`
+ENVIRONMENT = "environment"  # the source name of OPENAI_BASE_URL / OPENAI_API_KEY
+ENV_VARS = {"OPENAI_BASE_URL": "base_url", "OPENAI_API_KEY": "api_key"}
 
 
 class ConfigError(Exception):
     """A settings or catalog file (or command-line value) that cannot be used. The message is one line."""
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """An OpenAI-compatible server to use instead of the local engine (`[remote]`)."""
+
+    base_url: str = ""  # e.g. "http://gpu-box:8000/v1"; "" = the local engine
+    api_key: str = ""  # sent as `Authorization: Bearer`; "" = none
+    model: str = ""  # the remote model's id; "" = the first one the server lists (`-m` overrides)
+    timeout: float = 120.0  # seconds to wait for the server's next bytes (the first token's wait included)
+    logprobs: bool = True  # ask for each token's log-probability and top alternatives (for the inspector)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.base_url.strip())
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,7 @@ class AppSettings:
     gpu_layers: int  # llama.cpp's -ngl: leading layers on the GPU; -1 (or n_layer + 1) = all and the output head
     system_prompt: str  # "" = no system message
     sampling: SamplingSettings  # handed to the engine as is
+    remote: RemoteSettings = RemoteSettings()  # enabled: replies come from that server, not the local engine
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
 
 
@@ -78,6 +100,18 @@ _SAMPLING_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "repeat_last_n": (lambda v: v >= 0, "≥ 0"),
     "seed": (lambda v: v >= -1, "≥ -1 (-1 = random)"),
     "max_tokens": (lambda v: v == -1 or v >= 1, "≥ 1, or -1 for no limit"),
+}
+
+
+_REMOTE_RULES: dict[str, _Rule] = {
+    "base_url": _Rule(
+        str, lambda v: not v.strip() or re.match(r"https?://[^/\s]+", v.strip()) is not None,
+        "starting with http:// or https:// (or \"\" for the local engine)",
+    ),
+    "api_key": _Rule(str),
+    "model": _Rule(str),
+    "timeout": _Rule(float, lambda v: 0 < v <= 86400, "> 0 seconds"),
+    "logprobs": _Rule(bool),
 }
 
 
@@ -185,14 +219,22 @@ def _coerce(value: Any, rule: _Rule, where: str, from_cli: bool) -> Any:
 
 
 def _merge_layer(
-    merged: dict[str, Any], sampling: dict[str, Any], layer: Mapping[str, Any], source: str, path: Path | None
+    merged: dict[str, Any],
+    sampling: dict[str, Any],
+    layer: Mapping[str, Any],
+    source: str,
+    path: Path | None,
+    remote: dict[str, Any] | None = None,
 ) -> None:
-    """Check `layer` against the schema and copy its values over `merged` / `sampling`."""
+    """Check `layer` against the schema and copy its values over `merged` / `sampling` / `remote`."""
+    remote = {} if remote is None else remote
     from_cli = path is None
     sampling_rules = _sampling_rules()
 
     def where(table: str | None, key: str) -> str:
         dotted = f"{table}.{key}" if table else key
+        if source == ENVIRONMENT:
+            return next(var for var, name in ENV_VARS.items() if name == key)
         if path is None:
             return f"{source}: {dotted}"
         line = _find_line(path, table, key)
@@ -206,13 +248,25 @@ def _merge_layer(
             f"{where(table, key)}: unknown key in {scope}{hint} (expected one of: {', '.join(known)})"
         )
 
+    tables = {"sampling": None, "remote": None}
     for key, value in layer.items():
         if from_cli and value is None:
             continue  # an option the user did not give
         table, _, sub = key.partition(".") if from_cli and "." in key else (None, "", key)
-        if table is not None and table != "sampling":
-            raise unknown(None, key, _TOP_RULES | {"sampling": None})
-        if table == "sampling" or (table is None and from_cli and key in sampling_rules):
+        if table is not None and table not in tables:
+            raise unknown(None, key, _TOP_RULES | tables)
+        if table == "remote":
+            if sub not in _REMOTE_RULES:
+                raise unknown("remote", sub, _REMOTE_RULES)
+            remote[sub] = _coerce(value, _REMOTE_RULES[sub], where("remote", sub), from_cli)
+        elif key == "remote":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where(None, key)}: expected a table of remote settings, got {value!r}")
+            for sub_key, sub_value in value.items():
+                if sub_key not in _REMOTE_RULES:
+                    raise unknown("remote", sub_key, _REMOTE_RULES)
+                remote[sub_key] = _coerce(sub_value, _REMOTE_RULES[sub_key], where("remote", sub_key), from_cli)
+        elif table == "sampling" or (table is None and from_cli and key in sampling_rules):
             if sub not in sampling_rules:
                 raise unknown("sampling", sub, sampling_rules)
             sampling[sub] = _coerce(value, sampling_rules[sub], where("sampling", sub), from_cli)
@@ -229,7 +283,7 @@ def _merge_layer(
         elif key in _TOP_RULES:
             merged[key] = _coerce(value, _TOP_RULES[key], where(None, key), from_cli)
         else:
-            raise unknown(None, key, _TOP_RULES | {"sampling": None})
+            raise unknown(None, key, _TOP_RULES | tables)
 
 
 def defaults_file() -> Path:
@@ -242,19 +296,22 @@ def load_settings(
     *,
     config_file: Path | None = None,
     defaults: Path | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> AppSettings:
     """Bundled defaults ← the user's config file ← `cli_overrides`.
 
     `config_file` defaults to `paths.user_config_file()`, which may be absent; a file given explicitly
     must exist.
     `cli_overrides` takes top-level keys ("model", "n_ctx", ...), sampling keys either flat ("temperature"),
-    dotted ("sampling.temperature") or as a "sampling" dict; None values mean "not given" and are skipped.
-    Raises ConfigError.
+    dotted ("sampling.temperature") or as a "sampling" dict; None values mean "not given" and are skipped;
+    remote keys dotted ("remote.base_url"). `environ` (default `os.environ`) supplies OPENAI_BASE_URL and
+    OPENAI_API_KEY, between the config file and the command line. Raises ConfigError.
     """
     defaults = defaults_file() if defaults is None else defaults
     merged: dict[str, Any] = {}
     sampling: dict[str, Any] = {}
-    _merge_layer(merged, sampling, read_toml(defaults), str(defaults), defaults)
+    remote: dict[str, Any] = {}
+    _merge_layer(merged, sampling, read_toml(defaults), str(defaults), defaults, remote)
     missing = [k for k in _TOP_RULES if k not in merged]
     missing += [f"sampling.{k}" for k in _sampling_rules() if k not in sampling]
     if missing:
@@ -264,15 +321,23 @@ def load_settings(
     explicit = config_file is not None
     config_file = paths.user_config_file() if config_file is None else config_file
     if explicit or config_file.exists():
-        _merge_layer(merged, sampling, read_toml(config_file), str(config_file), config_file)
+        _merge_layer(merged, sampling, read_toml(config_file), str(config_file), config_file, remote)
         sources.append(str(config_file))
 
+    environ = os.environ if environ is None else environ
+    from_env = {f"remote.{key}": environ[var] for var, key in ENV_VARS.items() if environ.get(var)}
+    if from_env:
+        _merge_layer(merged, sampling, from_env, ENVIRONMENT, None, remote)
+        sources.append(ENVIRONMENT)
+
     if cli_overrides:
-        _merge_layer(merged, sampling, cli_overrides, CLI, None)
+        _merge_layer(merged, sampling, cli_overrides, CLI, None, remote)
         sources.append(CLI)
 
     from engine.sampling import SamplingSettings
 
     if merged["device"] == "gpu":
         merged["device"] = "cuda"
-    return AppSettings(**merged, sampling=SamplingSettings(**sampling), sources=tuple(sources))
+    return AppSettings(
+        **merged, sampling=SamplingSettings(**sampling), remote=RemoteSettings(**remote), sources=tuple(sources)
+    )

@@ -59,6 +59,7 @@ class ActiveReply:
     widget: AssistantMessage | None  # None once the chat on screen is another one
     metrics: LiveMetrics
     stop: threading.Event = field(default_factory=threading.Event)  # set when the user asked to stop
+    told_next_reply: bool = False  # remote: the user was told a settings change waits for the next reply
 
 
 CHAT_ACTIONS = frozenset(
@@ -200,7 +201,11 @@ class ChatApp(App[None]):
         self.model_name = getattr(backend, "model_name", "") or self.model_name
         self.status.model_name = self.model_name
         self.status.n_ctx = backend.n_ctx
-        self.panel.set_max_tokens_cap(backend.n_ctx)
+        self.panel.set_max_tokens_cap(backend.n_ctx or None)
+        remote = getattr(backend, "remote", None)  # a server's model (chatapp.remote.RemoteInfo)
+        if remote is not None:
+            self.status.remote = f"remote · {remote.server}"
+            self.panel.set_remote(remote.server, remote.honoured, remote.ignored)
         if backend.settings != self.settings:  # changed in the panel while loading
             self._apply_settings(self.settings)
         self.panel.settings = backend.settings
@@ -510,6 +515,11 @@ class ChatApp(App[None]):
     def _apply_settings(self, settings: SamplingSettings) -> None:
         """Hand new settings to the engine now (the next token uses them); show the values in force."""
         self.settings = settings
+        if self.backend is not None and self.generating and getattr(self.backend, "remote", None) is not None:
+            # The request in flight carries its settings; a stream cannot be changed, so say when it applies.
+            if self._active is not None and not self._active.told_next_reply:
+                self._active.told_next_reply = True
+                self.notify("The server already has this reply's settings: the change applies from the next reply.")
         if self.backend is not None:
             try:
                 self.backend.settings = settings

@@ -19,8 +19,15 @@ BAR_WIDTH = 40
 PROB_COLOURS = ((0.9, "#5fd787"), (0.6, "#afd75f"), (0.3, "#ffd75f"), (0.1, "#ffaf5f"), (0.0, "#ff5f5f"))
 
 
+UNKNOWN_COLOUR = "#8a8a8a"  # a token whose probability the server did not send (prob < 0)
+
+
 def prob_colour(p: float) -> str:
-    return next(colour for floor, colour in PROB_COLOURS if p >= floor)
+    return next((colour for floor, colour in PROB_COLOURS if p >= floor), UNKNOWN_COLOUR)
+
+
+def fmt_prob(p: float) -> str:
+    return f"{p:.3f}" if p >= 0 else "—"
 
 
 def prob_legend() -> str:
@@ -127,9 +134,9 @@ class InspectorScreen(Screen[None]):
             table.add_row(
                 Text(str(t.index), style="dim"),
                 Text(token_repr(t.text), style=colour),
-                Text(str(t.token_id), justify="right"),
+                Text(str(t.token_id) if t.token_id >= 0 else "—", justify="right"),
                 Text(f"{ms:.1f}" + (" prefill" if t.index == 0 else ""), justify="right"),
-                Text(f"{t.prob:.3f}", style=colour, justify="right"),
+                Text(fmt_prob(t.prob), style=colour, justify="right"),
                 Text(alternatives(t), style="dim"),
             )
         if not self.turn.tokens:

@@ -1,7 +1,9 @@
 """The live sampling controls: one row per setting, adjustable by keyboard, mouse or typing a value.
 
 Every change posts `SamplingPanel.Changed` with a complete new `SamplingSettings`; the App hands it to the
-backend at once (the next sampled token uses it) and shows back the values in force.
+backend at once (the next sampled token uses it) and shows back the values in force. On a remote server
+(`set_remote`) the settings travel with each request instead: the panel says which ones that server honours,
+and that a change reaches it with the next reply.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class KnobRow(Horizontal, can_focus=True):
         self.knob = knob
         self.set_reactive(KnobRow.value, value)
         self.max_hi: float | None = None  # a tighter upper bound known at run time (max_tokens: n_ctx)
+        self.support = ""  # on a remote server: how it treats this setting (shown under the help)
 
     def compose(self) -> ComposeResult:
         yield Label(self.knob.label, classes="knob-name")
@@ -269,6 +272,9 @@ class SamplingPanel(VerticalScroll, can_focus=False):
         self.border_subtitle = "F2 closes"
 
     def compose(self) -> ComposeResult:
+        server = Static("", id="knob-server", markup=False)
+        server.display = False
+        yield server
         for knob in KNOBS:
             yield KnobRow(knob, getattr(self.settings, knob.name))
         yield Static("", id="knob-help", markup=False)
@@ -283,6 +289,23 @@ class SamplingPanel(VerticalScroll, can_focus=False):
         self.max_tokens_cap = cap
         self.query_one("#knob-max_tokens", KnobRow).max_hi = cap
 
+    def set_remote(self, server: str, honoured: frozenset[str], ignored: frozenset[str]) -> None:
+        """Replies come from `server`: mark each setting honoured (✓), ignored (✕) or unknown (?)."""
+        for row in self.query(KnobRow):
+            name = row.knob.name
+            if name in honoured:
+                mark, row.support = "✓", f"{server} honours it."
+            elif name in ignored:
+                mark, row.support = "✕", f"{server} ignores it (not sent)."
+            else:
+                mark, row.support = "?", f"Sent; {server} may ignore it."
+            row.query_one(".knob-name", Label).update(f"{row.knob.label} {mark}")
+            row.set_class(name in ignored, "-ignored")
+        box = self.query_one("#knob-server", Static)
+        box.update(f"{server}: ✓ honoured · ✕ ignored · ? unknown. A change applies from the next reply.")
+        box.display = True
+        self.border_subtitle = "remote · F2 closes"
+
     def focus_first(self) -> None:
         self.query(KnobRow).first().focus()
 
@@ -296,7 +319,8 @@ class SamplingPanel(VerticalScroll, can_focus=False):
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         row = event.widget if isinstance(event.widget, KnobRow) else None
         if row is not None:
-            self.query_one("#knob-help", Static).update(row.knob.help)
+            help_text = f"{row.knob.help}\n{row.support}" if row.support else row.knob.help
+            self.query_one("#knob-help", Static).update(help_text)
 
     def action_reset(self) -> None:
         self.post_message(self.Changed(self.defaults))

@@ -25,6 +25,8 @@ class StatusBar(Horizontal):
     def __init__(self, model_name: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.model_name = model_name
+        self.remote = ""
+        """Where a remote model runs ("remote · vLLM"); "" for the local engine."""
         self.n_ctx: int | None = None
         self._last: TurnStats | None = None
 
@@ -36,12 +38,17 @@ class StatusBar(Horizontal):
         """`state`: loading | ready | generating | stopping | failed; `detail`: e.g. a progress line."""
         dot, style = STATE_STYLES.get(state, ("●", "$text-muted"))
         self.set_classes(f"-{state}")
-        parts = [(f"{dot} {state}  ", style), (self.model_name, "bold")]
+        parts = [(f"{dot} {state}  ", style)]
+        if self.remote:
+            parts.append((f"{self.remote}  ", "$accent"))
+        parts.append((self.model_name, "bold"))
         if detail:
             parts += [("  ", ""), (detail, "$text-muted")]
         self.query_one("#status-left", Static).update(Content.assemble(*parts))
 
     def _ctx(self) -> str:
+        if self._last is not None and not self._last.n_ctx:  # a server that does not say its context size
+            return f"ctx {self._last.n_ctx_used:,}"
         if self._last is not None:
             return f"ctx {self._last.n_ctx_used:,}/{self._last.n_ctx:,}"
         return f"ctx 0/{self.n_ctx:,}" if self.n_ctx else ""
