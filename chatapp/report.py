@@ -33,3 +33,9 @@ def print_run_summary(model: Model, stats: TurnStats | None, out: TextIO) -> Non
         f"{model.threads} threads",
         file=out,
     )
+    if stats.drafter:
+        print(
+            f"{'draft':>16} = {stats.drafter}: {stats.draft_accepted}/{stats.draft_tokens} guesses accepted "
+            f"({stats.acceptance_rate:.0%}), {stats.tokens_per_pass:.2f} tokens per target pass",
+            file=out,
+        )

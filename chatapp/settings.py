@@ -65,6 +65,10 @@ class AppSettings:
     gpu_layers: int  # llama.cpp's -ngl: leading layers on the GPU; -1 (or n_layer + 1) = all and the output head
     system_prompt: str  # "" = no system message
     sampling: SamplingSettings  # handed to the engine as is
+    model_draft: str = ""  # a draft model for speculative decoding (same vocabulary); "" = none
+    draft_max: int = 16  # most tokens a drafter guesses per step
+    lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
+    kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     remote: RemoteSettings = RemoteSettings()  # enabled: replies come from that server, not the local engine
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
 
@@ -89,6 +93,10 @@ _TOP_RULES: dict[str, _Rule] = {
     "device": _Rule(str, lambda v: v in DEVICES or v == "gpu", f"one of {', '.join(map(repr, DEVICES))}"),
     "gpu_layers": _Rule(int, lambda v: v >= -1, "≥ -1 (-1 = all)"),
     "system_prompt": _Rule(str),
+    "model_draft": _Rule(str),
+    "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),
+    "lookup": _Rule(bool),
+    "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
 }
 
 _SAMPLING_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {

@@ -56,7 +56,8 @@ class ChatSession:
         self.session = model.session(n_ctx)
         self.drafter = drafter
         """Speculative decoding's guesser (engine.speculative), or None for one target pass per token."""
-        self._last_draft = 0
+        self._last_draft = 0  # guesses in the latest verification pass
+        self._last_pass_ms = 0.0  # that pass's time, drafting included
         tok = model.tokenizer
         meta = model.file.metadata
         self.template = ChatTemplate.from_metadata(
@@ -189,10 +190,10 @@ class ChatSession:
                     queue.pop(0)
                     counts["accepted"] += 1
                     if not queue and drafter is not None:
-                        drafter.feedback(self._last_draft, self._last_draft)
+                        drafter.feedback(self._last_draft, self._last_draft, self._last_pass_ms)
                 else:  # the cache must hold only accepted tokens: drop the rejected guess and those after it
                     if drafter is not None:
-                        drafter.feedback(self._last_draft, self._last_draft - len(queue))
+                        drafter.feedback(self._last_draft, self._last_draft - len(queue), self._last_pass_ms)
                     self.session.truncate(len(prompt) + len(generated))
                     queue.clear()
             else:
@@ -250,6 +251,9 @@ class ChatSession:
                 logits = self.session.eval([res.token_id])
             counts["passes"] += 1
             forward_ms = (time.perf_counter() - t2) * 1000
+            self._last_pass_ms = forward_ms  # drafting included: what the guesses cost against a plain pass
+            if drafter is not None and not guesses:
+                drafter.feedback(0, 0, forward_ms)
         # Whatever the stop, the cache holds a prefix of the visible tokens and no unchecked guess.
         self.session.truncate(min(self.session.n_past, len(prompt) + len(generated)))
         if drafter is not None:

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 DRAFT_MAX = 16  # llama.cpp's --draft-max default
 DRAFT_P_MIN = 0.75  # a draft model stops guessing when its own top probability falls below this (llama.cpp's)
-LOOKUP_NGRAM = 3  # longest n-gram prompt lookup matches; it tries shorter ones down to LOOKUP_NGRAM_MIN
-LOOKUP_NGRAM_MIN = 2  # single-token matches guess wrong too often to pay for their verification
+LOOKUP_NGRAM = 4  # longest n-gram prompt lookup matches; it tries shorter ones down to LOOKUP_NGRAM_MIN
+LOOKUP_NGRAM_MIN = 3  # shorter matches (a bigram of indentation) guess wrong too often to pay for their check
 
 
 class Drafter(Protocol):
@@ -39,8 +39,9 @@ class Drafter(Protocol):
         """Up to `limit` tokens guessed to follow `context` (which ends with the newest sampled token)."""
         ...
 
-    def feedback(self, drafted: int, accepted: int) -> None:
-        """How many of the last draft's tokens the target accepted."""
+    def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
+        """How many of the last draft's tokens the target accepted, and what that pass cost (drafting
+        included); drafted 0 reports a plain one-token pass."""
         ...
 
     def follow(self, tokens: Sequence[int]) -> None:
@@ -64,20 +65,71 @@ class _Length:
             self.now = max(1, self.now // 2)
 
 
+class Pace:
+    """Whether guessing pays on this machine: the tokens a verification pass yields per millisecond, against
+    a plain pass's one token. When guessing loses, it pauses for a number of steps that doubles each time
+    (up to PACE_MAX_PAUSE) and then tries again, so a turn where nothing matches stays at plain speed and one
+    where the reply starts repeating text picks guessing up again."""
+
+    def __init__(self) -> None:
+        self.plain_ms = 0.0  # running mean of a one-token pass
+        self.spec_ms = 0.0  # running mean of a verification pass
+        self.spec_tokens = 0.0  # running mean of the tokens a verification pass yields (accepted + 1)
+        self.pause = 0  # plain steps left before guessing again
+        self.next_pause = PACE_FIRST_PAUSE
+
+    def allow(self) -> bool:
+        if self.pause > 0:
+            self.pause -= 1
+            return False
+        return True
+
+    def record(self, drafted: int, accepted: int, pass_ms: float) -> None:
+        if drafted == 0:
+            self.plain_ms = _mean(self.plain_ms, pass_ms)
+            return
+        self.spec_ms = _mean(self.spec_ms, pass_ms)
+        self.spec_tokens = _mean(self.spec_tokens, accepted + 1.0)
+        if self.plain_ms <= 0:  # nothing to compare with yet: the next step runs plain and measures it
+            self.pause = 1
+            return
+        if self.spec_tokens / self.spec_ms < PACE_MARGIN / self.plain_ms:
+            self.pause = self.next_pause
+            self.next_pause = min(PACE_MAX_PAUSE, self.next_pause * 2)
+        else:
+            self.next_pause = PACE_FIRST_PAUSE
+
+
+PACE_MARGIN = 1.0  # guessing must yield at least the plain pass's tokens per millisecond
+PACE_FIRST_PAUSE = 4
+PACE_MAX_PAUSE = 64
+
+
+def _mean(old: float, new: float, weight: float = 0.3) -> float:
+    return new if old <= 0 else old + weight * (new - old)
+
+
 class LookupDrafter:
     """Prompt lookup: continue the latest earlier match of the context's last n tokens, n = ngram .. ngram_min."""
 
     name = "lookup"
 
-    def __init__(self, draft_max: int = DRAFT_MAX, ngram: int = LOOKUP_NGRAM, ngram_min: int = LOOKUP_NGRAM_MIN):
+    def __init__(
+        self,
+        draft_max: int = DRAFT_MAX,
+        ngram: int = LOOKUP_NGRAM,
+        ngram_min: int = LOOKUP_NGRAM_MIN,
+        paced: bool = False,
+    ) -> None:
         if ngram < 1 or ngram_min < 1 or ngram_min > ngram:
             raise SettingsError(f"lookup n-gram sizes {ngram_min}..{ngram} must be 1 or more, smallest first")
         self.ngram, self.ngram_min = ngram, ngram_min
         self.length = _Length(draft_max)
+        self.pace = Pace() if paced else None  # None: always guess (the tests' setting: no timing involved)
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         n = min(limit, self.length.now)
-        if n <= 0:
+        if n <= 0 or (self.pace is not None and not self.pace.allow()):
             return []
         ids = np.asarray(context, dtype=np.int64)
         for g in range(min(self.ngram, len(ids) - 1), self.ngram_min - 1, -1):
@@ -91,8 +143,10 @@ class LookupDrafter:
                         return [int(t) for t in follow]
         return []
 
-    def feedback(self, drafted: int, accepted: int) -> None:
+    def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self.length.feedback(drafted, accepted)
+        if self.pace is not None:
+            self.pace.record(drafted, accepted, pass_ms)
 
     def follow(self, tokens: Sequence[int]) -> None:
         pass  # nothing cached: the context is read afresh each time
@@ -125,8 +179,10 @@ class ModelDrafter:
         n_ctx: int | None = None,
         draft_max: int = DRAFT_MAX,
         p_min: float = DRAFT_P_MIN,
+        paced: bool = False,
     ) -> None:
         check_same_vocab(target, model)
+        self.pace = Pace() if paced else None
         self.model = model
         self.session = model.session(n_ctx)
         self.name = model.name
@@ -144,7 +200,7 @@ class ModelDrafter:
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
-        if n <= 0 or not context:
+        if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
         keep = min(_common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
@@ -163,8 +219,10 @@ class ModelDrafter:
             logits = self.session.eval([tok])
         return out
 
-    def feedback(self, drafted: int, accepted: int) -> None:
+    def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self.length.feedback(drafted, accepted)
+        if self.pace is not None:
+            self.pace.record(drafted, accepted, pass_ms)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -20,7 +20,7 @@ from engine.errors import SettingsError
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
 from engine.kernels import float_products
 from engine.sampling import Sampler, SamplingSettings, distribution
-from engine.speculative import LookupDrafter, ModelDrafter, check_same_vocab
+from engine.speculative import PACE_FIRST_PAUSE, LookupDrafter, ModelDrafter, Pace, check_same_vocab
 
 from .compare import assert_cache_exactly_fresh, spread
 from .synthetic import write_tiny_model
@@ -68,7 +68,7 @@ class FixedDrafter:
     def draft(self, context, limit):
         return self.guesses[:limit]
 
-    def feedback(self, drafted, accepted):
+    def feedback(self, drafted, accepted, pass_ms):
         pass
 
     def follow(self, tokens):
@@ -307,3 +307,22 @@ def test_lookup_finds_the_latest_longest_match() -> None:
     assert d.draft([1, 2, 3, 4], 8) == []  # no repeat, no guess
     assert d.draft(ctx, 2) == [9, 9]
     assert d.draft([4, 4, 4, 4], 8) == [4]  # the latest match: the one that ends just before the key
+
+
+def test_pace_pauses_guessing_that_does_not_pay() -> None:
+    """Given pass times (no clock involved): guesses that yield fewer tokens per millisecond than a plain pass
+    pause guessing for a doubling number of steps; guesses that pay keep it on."""
+    pace = Pace()
+    assert pace.allow()
+    pace.record(4, 0, 30.0)  # a verification pass before any plain one: measure a plain pass next
+    assert not pace.allow() and pace.allow()
+    pace = Pace()
+    pace.record(0, 0, 10.0)  # plain: 0.1 token/ms
+    pace.record(4, 4, 20.0)  # 5 tokens in 20 ms: pays
+    assert pace.pause == 0 and pace.allow()
+    for _ in range(5):
+        pace.record(4, 0, 30.0)  # 1 token in 30 ms
+    assert pace.pause > 0
+    paused = [pace.allow() for _ in range(pace.pause + 1)]
+    assert paused[-1] and not any(paused[:-1])
+    assert pace.next_pause > PACE_FIRST_PAUSE  # the next pause is longer

@@ -1,0 +1,53 @@
+"""Speculative decoding options: `-md/--model-draft`, `--draft-max` (llama.cpp's names) and `--lookup`, for the
+app, `run` and `bench`; config keys `model_draft`, `draft_max` and `lookup`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine import Model
+    from engine.speculative import Drafter
+
+    from .settings import AppSettings
+
+KEYS = ("model_draft", "draft_max", "lookup")
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument(
+        "-md", "--model-draft", dest="model_draft", metavar="MODEL",
+        help="a smaller model of the same vocabulary that guesses tokens for the main one to check",
+    )  # fmt: skip
+    g.add_argument("--draft-max", dest="draft_max", type=int, metavar="N", help="most tokens per guess (default 16)")
+    g.add_argument(
+        "--lookup", action="store_true", default=None,
+        help="guess tokens from n-gram matches in the conversation itself (prompt lookup; no second model)",
+    )  # fmt: skip
+
+
+def draft_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in KEYS if getattr(args, k, None) is not None}
+
+
+def make_drafter(
+    settings: AppSettings, target: Model, load: Callable[[AppSettings], Model], say: Callable[[str], None]
+) -> Drafter | None:
+    """The drafter the settings ask for, or None. `load` loads the model named by its settings' `model`."""
+    from engine.errors import SettingsError
+    from engine.speculative import LookupDrafter, ModelDrafter
+
+    if settings.model_draft and settings.lookup:
+        raise SettingsError("choose one of --model-draft and --lookup")
+    if settings.lookup:
+        return LookupDrafter(draft_max=settings.draft_max, paced=True)
+    if not settings.model_draft:
+        return None
+    draft = load(dataclasses.replace(settings, model=settings.model_draft, n_ctx=target.n_ctx))
+    drafter = ModelDrafter(draft, target, draft_max=settings.draft_max, paced=True)  # refuses another vocabulary
+    say(f"draft model {draft.name}: up to {settings.draft_max} guessed tokens per step")
+    return drafter
