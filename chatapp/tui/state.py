@@ -102,6 +102,7 @@ def stats_from_dict(data: Any) -> tuple[TurnStats | None, list[TokenEvent], str 
                     prob=float(t["prob"]),
                     top=top,
                     index=int(t.get("index", i)),
+                    drafted=bool(t.get("drafted", False)),
                 )
             )
     except (TypeError, ValueError, KeyError, AttributeError):

@@ -38,3 +38,37 @@ def test_config_keys(tmp_path, isolated_dirs) -> None:
     config.write_text("draft_max = 0\n")
     with pytest.raises(ConfigError, match="draft_max"):
         load_settings(config_file=config)
+
+
+async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
+    """The inspector's phase bars carry the draft line, its table marks drafted tokens, and both survive the
+    round trip through the saved stats."""
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from chatapp.tui.state import Turn, stats_from_dict, stats_to_dict
+    from chatapp.tui.widgets.inspector import InspectorScreen
+    from engine.events import STOP_EOS, TokenEvent, TurnStats
+
+    tokens = [
+        TokenEvent(5, "def", 40.0, 0.5, 0.9, (), 0),
+        TokenEvent(6, " add", 12.0, 0.5, 0.8, (), 1),
+        TokenEvent(7, "(", 0.0, 0.5, 0.99, (), 2, drafted=True),
+    ]
+    stats = TurnStats(12, 0, 12, 40.0, 41.0, 12.5, 3, STOP_EOS, 15, 2048, drafter="lookup", draft_tokens=2,
+                      draft_accepted=1, target_passes=1)  # fmt: skip
+    stats, tokens, _ = stats_from_dict(stats_to_dict(stats, tokens))
+    assert tokens[2].drafted and stats.acceptance_rate == 0.5 and stats.tokens_per_pass == 2.0
+
+    class Host(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(InspectorScreen(Turn("assistant", "def add(", stats=stats, tokens=tokens), title="t"))
+
+    app = Host()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        screen = app.screen
+        bars = str(screen.query_one("#phase-bars").render())
+        assert "lookup: 1/2 guesses accepted (50%)" in bars and "2.00 tokens per target pass" in bars
+        table = screen.query_one("#tokens", DataTable)
+        assert str(table.get_row_at(2)[3]).endswith("draft") and not str(table.get_row_at(1)[3]).endswith("draft")

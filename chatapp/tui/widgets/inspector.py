@@ -68,11 +68,27 @@ def phase_bars(stats: TurnStats | None, tokens: list[TokenEvent]) -> Content:
         bar(stats.decode_ms, "$accent"),
         f"  {fmt_ms(stats.decode_ms):>8}  {max(stats.generated_tokens - 1, 0):,} steps after the first "
         f"token  ·  {fmt_rate(stats.decode_tok_s)} tok/s\n",
+        *draft_line(stats),
         ("        ", ""),
         (
             f"TTFT {fmt_ms(stats.ttft_ms)}  ·  prompt {stats.prompt_tokens:,} tokens  ·  "
             f"context {stats.n_ctx_used:,}/{stats.n_ctx:,}  ·  stop: {stats.stop_reason}",
             "$text-muted",
+        ),
+    )
+
+
+def draft_line(stats: TurnStats) -> tuple[tuple[str, str], ...]:
+    """Speculative decoding's share of the reply: guesses accepted and tokens per target pass (or nothing)."""
+    if not stats.drafter:
+        return ()
+    return (
+        ("Draft   ", "bold"),
+        (
+            f"{stats.drafter}: {stats.draft_accepted:,}/{stats.draft_tokens:,} guesses accepted "
+            f"({stats.acceptance_rate:.0%})  ·  {stats.tokens_per_pass:.2f} tokens per target pass  ·  "
+            f"{stats.target_passes:,} passes\n",
+            "",
         ),
     )
 
@@ -135,7 +151,7 @@ class InspectorScreen(Screen[None]):
                 Text(str(t.index), style="dim"),
                 Text(token_repr(t.text), style=colour),
                 Text(str(t.token_id) if t.token_id >= 0 else "—", justify="right"),
-                Text(f"{ms:.1f}" + (" prefill" if t.index == 0 else ""), justify="right"),
+                Text(f"{ms:.1f}" + (" prefill" if t.index == 0 else " draft" if t.drafted else ""), justify="right"),
                 Text(fmt_prob(t.prob), style=colour, justify="right"),
                 Text(alternatives(t), style="dim"),
             )
