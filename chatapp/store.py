@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only for annotations: importing `engine` loads Numba, which the store does not need
     from engine.events import TokenEvent, TurnStats
 
-SCHEMA_VERSION = 1  # kept in PRAGMA user_version; bump it and add a step to _MIGRATIONS
+SCHEMA_VERSION = 2  # kept in PRAGMA user_version; bump it and add a step to _MIGRATIONS
 BUSY_TIMEOUT_S = 1.0  # how long a write waits for another process's write lock before "in use"
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 48  # suggest_title's limit
@@ -61,12 +61,30 @@ _SCHEMA = (
     )""",
     "CREATE INDEX messages_by_conv ON messages (conv_id, id)",
 )
+# Schema 2: full-text search over every message, an FTS5 index of messages.content kept in step by triggers (so
+# a streamed reply's every progress write is indexed in its own transaction). A new store is made at schema 1
+# and brought up by the migrations, like an old one.
+_SEARCH = (
+    """CREATE VIRTUAL TABLE message_text USING fts5(
+        content, content = 'messages', content_rowid = 'id', tokenize = 'unicode61 remove_diacritics 2'
+    )""",
+    """CREATE TRIGGER message_text_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO message_text (rowid, content) VALUES (new.id, new.content);
+    END""",
+    """CREATE TRIGGER message_text_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO message_text (message_text, rowid, content) VALUES ('delete', old.id, old.content);
+    END""",
+    """CREATE TRIGGER message_text_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO message_text (message_text, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO message_text (rowid, content) VALUES (new.id, new.content);
+    END""",
+)
 _COLUMNS = {  # what a store of SCHEMA_VERSION must have; anything else is "not our schema"
     "conversations": {"id", "title", "model", "system_prompt", "created", "updated"},
     "messages": {"id", "conv_id", "role", "content", "stats", "created"},
 }
 # _MIGRATIONS[v]: the statements that take a store from schema v to v + 1, run in the open's transaction.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {}
+_MIGRATIONS: dict[int, tuple[str, ...]] = {1: (*_SEARCH, "INSERT INTO message_text (message_text) VALUES ('rebuild')")}
 
 # SQLite primary result codes (sqlite3.Error.sqlite_errorcode & 0xFF).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
@@ -88,6 +106,28 @@ class ConversationSummary:
     created: float  # time.time()
     updated: float
     n_messages: int
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conv_id: int
+    msg_id: int
+    title: str
+    role: str
+    snippet: str  # the matching words between SNIPPET_MARKS, with some context; "…" where text is left out
+    updated: float  # the conversation's last change
+
+
+SNIPPET_MARKS = ("\x02", "\x03")  # around each matched word in SearchHit.snippet: control characters chats lack
+
+
+def fts_query(text: str) -> str | None:
+    """The user's words as an FTS5 query: every word must occur (the last one as a prefix, for search as you
+    type), each quoted so that FTS5's own syntax (quotes, AND, *, :, ^) is taken as text. None: no words."""
+    words = [w.replace('"', '""') for w in text.split()]
+    if not words:
+        return None
+    return " ".join(f'"{w}"' for w in words[:-1]) + (" " if len(words) > 1 else "") + f'"{words[-1]}"*'
 
 
 @dataclass(frozen=True)
@@ -292,6 +332,23 @@ class ConversationStore:
                 (limit,),
             ).fetchall()
         return [ConversationSummary(*row) for row in rows]
+
+    def search(self, text: str, limit: int = 100) -> list[SearchHit]:
+        """Messages of every conversation that contain all of `text`'s words, best matches first."""
+        query = fts_query(text)
+        if query is None:
+            return []
+        start, end = SNIPPET_MARKS
+        with self._read("search the chats") as c:
+            rows = c.execute(
+                "SELECT m.conv_id, m.id, c.title, m.role,"
+                " snippet(message_text, 0, ?, ?, '…', 12), c.updated"
+                " FROM message_text JOIN messages m ON m.id = message_text.rowid"
+                " JOIN conversations c ON c.id = m.conv_id"
+                " WHERE message_text MATCH ? ORDER BY rank LIMIT ?",
+                (start, end, query, limit),
+            ).fetchall()
+        return [SearchHit(*row) for row in rows]
 
     def load(self, conv_id: int) -> Conversation:
         with self._read("load a conversation") as c:

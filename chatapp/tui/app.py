@@ -455,12 +455,15 @@ class ChatApp(App[None]):
         if not self.recorder.enabled:
             self.notify("History is off, so there are no saved chats.", severity="warning")
             return
-        screen = ConversationsScreen(self.recorder.conversations(), current=self.state.conv_id)
+        screen = ConversationsScreen(
+            self.recorder.conversations(), current=self.state.conv_id, search=self.recorder.search
+        )
         self.push_screen(screen, self._resume)
 
-    async def _resume(self, conv_id: int | None) -> None:
-        if conv_id is None:
+    async def _resume(self, choice: tuple[int, int | None] | None) -> None:
+        if choice is None:
             return
+        conv_id, msg_id = choice
         conv = self.recorder.load(conv_id)
         if conv is None:
             return
@@ -477,6 +480,10 @@ class ChatApp(App[None]):
                 self.prompt.remember(turn.content)
         if conv.model != self.model_name:
             self.notify(f"This chat was saved with {conv.model}; replies now come from {self.model_name}.")
+        found = next((t for t in state.turns if msg_id is not None and t.msg_id == msg_id), None)
+        if found is not None and (widget := self.chat_log.widget_for(found)) is not None:
+            self.chat_log.reveal(widget)
+            widget.focus(scroll_visible=False)  # the found message, ready to read; Tab moves on
 
     def on_conversations_screen_delete(self, message: ConversationsScreen.Delete) -> None:
         self.recorder.delete(message.conv_id)

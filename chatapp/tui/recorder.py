@@ -109,6 +109,12 @@ class Recorder:
             return []
         return self._call("list saved chats", self.store.list, limit) or []
 
+    def search(self, text: str) -> list[Any]:
+        """Messages of every saved chat that hold all of `text`'s words (store.SearchHit)."""
+        if self.store is None:
+            return []
+        return self._call("search the chats", self.store.search, text) or []
+
     def load(self, conv_id: int) -> Any | None:
         if self.store is None:
             return None

@@ -218,6 +218,15 @@ class ChatLog(VerticalScroll, can_focus=False):
             self.anchor(False)
             self.scroll_to(y=0, animate=False, immediate=True)
 
+    def reveal(self, widget: UserMessage | AssistantMessage) -> None:
+        """Scroll `widget` to the top once the layout has settled (after `_settle`), and stop following the end."""
+
+        def now() -> None:
+            self.anchor(False)
+            self.scroll_to_widget(widget, animate=False, top=True, immediate=True)
+
+        self.call_after_refresh(now)
+
     def follow(self) -> None:
         """While a reply grows: start following it once it overflows, unless the user scrolled away.
 
