@@ -341,7 +341,12 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
         model = _load(args, settings, progress, console=False)
         drafter = make_drafter(settings, model, lambda s: _load(args, s, progress, console=False), progress)
-        return ChatSession(model, settings.sampling, drafter=drafter)
+        from .kv_cache import kv_store_for
+
+        chat = ChatSession(model, settings.sampling, drafter=drafter)
+        chat.kv_store = kv_store_for(settings)  # a resumed chat starts from its saved cache; each turn saves it
+        chat.autosave = True
+        return chat
 
     model_name = settings.model
     if settings.remote.enabled:

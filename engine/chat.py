@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -26,10 +27,13 @@ from .events import (
     TokenEvent,
     TurnStats,
 )
+from .kv_store import KVStore, template_sha256
 from .model import Model
 from .sampling import Sampler, SamplingSettings
 from .speculative import Drafter
 from .template import ChatTemplate
+
+RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -56,6 +60,12 @@ class ChatSession:
         self.session = model.session(n_ctx)
         self.drafter = drafter
         """Speculative decoding's guesser (engine.speculative), or None for one target pass per token."""
+        self.kv_store: KVStore | None = None
+        """Saved caches (engine.kv_store): `stream_reply` restores the best match into an empty-ish cache, and
+        `save_cache` writes the current one. None: nothing is read or written."""
+        self.autosave = False
+        """With a kv_store: write the cache after every finished turn (what a saved chat resumes from)."""
+        self._model_sha: str | None = None
         self._last_draft = 0  # guesses in the latest verification pass
         self._last_pass_ms = 0.0  # that pass's time, drafting included
         tok = model.tokenizer
@@ -110,6 +120,22 @@ class ChatSession:
             ids.insert(0, tok.bos_id)
         return ids
 
+    def save_cache(self) -> Path | None:
+        """Write the KV cache to `kv_store` (keyed to the model file, the template and the ids); its path."""
+        if self.kv_store is None:
+            return None
+        return self.kv_store.save(self.session, self._model_key(), self._template_key())
+
+    def _model_key(self) -> str:
+        if self._model_sha is None:
+            assert self.kv_store is not None
+            self._model_sha = self.kv_store.model_sha256(self.model.file.path)
+        return self._model_sha
+
+    def _template_key(self) -> str:
+        t = self.template
+        return template_sha256(f"{t.source}\0{t.warning}\0{t.bos_token}\0{t.eos_token}")
+
     @property
     def model_name(self) -> str:
         return self.model.name
@@ -149,6 +175,11 @@ class ChatSession:
         self._cancel.clear()
         settings = self.settings
         valid = settings.validated()[0]
+        restored = 0
+        if self.kv_store is not None:  # a saved cache beats evaluating what it holds
+            restored = self.kv_store.restore(
+                self.session, self._model_key(), self._template_key(), prompt[:-1], RESTORE_MIN
+            )
         reused = common_prefix(self.session.tokens, prompt)
         reused = min(reused, len(prompt) - 1)  # the last prompt token is always run: its logits start the reply
         self.session.truncate(reused)
@@ -280,7 +311,13 @@ class ChatSession:
             draft_tokens=counts["drafted"],
             draft_accepted=counts["accepted"],
             target_passes=counts["passes"],
+            restored_tokens=min(restored, reused),
         )
+        if self.autosave and self.kv_store is not None:  # after the stats: the reply is not held up by the write
+            try:
+                self.save_cache()
+            except OSError as e:  # a full or read-only disk costs the saved cache, never the chat
+                self.model.warnings.append(f"could not save the KV cache: {e}")
 
     def _draft(
         self, drafter: Drafter | None, context: list[int], valid: SamplingSettings, n_gen: int, position: int

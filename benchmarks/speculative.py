@@ -1,0 +1,215 @@
+"""Speculative decoding and saved KV caches, measured through the chat layer.
+
+    python benchmarks/speculative.py -m qwen2.5-coder-0.5b-instruct [-md DRAFT] [-n 128] [-r 3] [--json OUT]
+
+Named prompts (greedy, the model's chat template):
+- `rewrite`: "rewrite this code with one change" over a 40-line Python module (REWRITE_CODE below): the reply
+  repeats most of the prompt, the case prompt lookup is for.
+- `fresh`: a short request whose reply repeats nothing of the prompt (lookup finds few matches).
+For each prompt: plain decode, `--lookup` (paced, as the app runs it) and, with -md, the draft model; decode
+tok/s is the median of the repetitions, and every drafted reply is checked against the plain one token for token.
+`resume`: a ~1,500-token conversation saved with its KV cache, then restored into a new session; the time to
+read and check the file against the prompt's prefill.
+
+Each figure is printed with the machine's load average (os.getloadavg) before and after it: on a shared machine
+the figures are only as good as that load says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from chatapp.catalog import resolve_model  # noqa: E402
+from engine import load_model  # noqa: E402
+from engine.chat import ChatSession  # noqa: E402
+from engine.events import Message, TurnStats  # noqa: E402
+from engine.kv_store import KVStore  # noqa: E402
+from engine.sampling import SamplingSettings  # noqa: E402
+from engine.speculative import LookupDrafter, ModelDrafter  # noqa: E402
+
+REWRITE_CODE = """import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int
+
+    def total(self) -> float:
+        return self.price * self.quantity
+
+
+def load_items(path: Path) -> list[Item]:
+    with open(path) as f:
+        rows = json.load(f)
+    items = []
+    for row in rows:
+        items.append(Item(row["name"], float(row["price"]), int(row["quantity"])))
+    return items
+
+
+def order_total(items: list[Item]) -> float:
+    total = 0.0
+    for item in items:
+        total += item.total()
+    return total
+
+
+def cheapest(items: list[Item]) -> Item | None:
+    best = None
+    for item in items:
+        if best is None or item.price < best.price:
+            best = item
+    return best
+
+
+def save_items(items: list[Item], path: Path) -> None:
+    rows = [{"name": i.name, "price": i.price, "quantity": i.quantity} for i in items]
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=2)
+"""
+
+PROMPTS = {
+    "rewrite": [
+        Message(
+            "user",
+            "Rewrite this module with the class Item renamed to Product everywhere. Reply with the whole code "
+            "and nothing else.\n\n```python\n" + REWRITE_CODE + "```",
+        )
+    ],
+    "fresh": [Message("user", "Write a short poem about a lighthouse in winter.")],
+}
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f}/{five:.2f}"
+
+
+def turn(chat: ChatSession, messages: list[Message]) -> tuple[list[int], TurnStats]:
+    events = list(chat.stream_reply(messages))
+    stats = events[-1]
+    assert isinstance(stats, TurnStats)
+    return [e.token_id for e in events[:-1]], stats
+
+
+def decode_figures(model, drafter_factory, messages, n_gen: int, reps: int, plain_ids=None) -> dict:
+    settings = SamplingSettings(temperature=0.0, max_tokens=n_gen)
+    rates, stats_all, ids = [], [], None
+    before = load()
+    for _ in range(reps):
+        chat = ChatSession(model, settings, drafter=drafter_factory() if drafter_factory else None)
+        ids, stats = turn(chat, messages)
+        rates.append(stats.decode_tok_s)
+        stats_all.append(stats)
+    s = stats_all[-1]
+    return {
+        "decode_tok_s": statistics.median(rates),
+        "runs": rates,
+        "tokens": s.generated_tokens,
+        "acceptance": s.acceptance_rate,
+        "tokens_per_pass": s.tokens_per_pass,
+        "same_as_plain": None if plain_ids is None else ids == plain_ids,
+        "load_before": before,
+        "load_after": load(),
+        "ids": ids,
+    }
+
+
+def resume_figures(model, n_tokens: int) -> dict:
+    """Save a conversation of about n_tokens with its cache, restore it into a new session: time both ways."""
+    body = (REWRITE_CODE + "\n") * max(1, n_tokens // len(model.tokenize(REWRITE_CODE)))
+    messages = [Message("user", "Explain this code.\n\n" + body)]
+    with tempfile.TemporaryDirectory() as folder:
+        chat = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=1))
+        chat.kv_store = KVStore(Path(folder), 1 << 34)
+        before = load()
+        _, stats = turn(chat, messages)
+        t0 = time.perf_counter()
+        path = chat.save_cache()
+        save_s = time.perf_counter() - t0
+        resumed = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=1))
+        resumed.kv_store = KVStore(Path(folder), 1 << 34)
+        prompt = resumed.prompt_tokens(messages)
+        sha, tpl = resumed._model_key(), resumed._template_key()  # the sha256 is remembered from the save
+        t1 = time.perf_counter()
+        restored = resumed.kv_store.restore(resumed.session, sha, tpl, prompt[:-1])
+        restore_s = time.perf_counter() - t1
+        return {
+            "prompt_tokens": stats.prompt_tokens,
+            "prefill_s": stats.prefill_ms / 1000,
+            "restored_tokens": restored,
+            "file_mb": path.stat().st_size / 1e6,
+            "save_s": save_s,
+            "restore_s": restore_s,
+            "load_before": before,
+            "load_after": load(),
+        }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", action="append", required=True)
+    p.add_argument("-md", "--model-draft")
+    p.add_argument("-n", type=int, default=128)
+    p.add_argument("-r", type=int, default=3)
+    p.add_argument("--resume-tokens", type=int, default=1500)
+    p.add_argument("--json")
+    args = p.parse_args()
+    results = {}
+    for spec in args.model:
+        model = load_model(resolve_model(spec), n_ctx=4096)
+        draft = load_model(resolve_model(args.model_draft), n_ctx=4096) if args.model_draft else None
+        out = results[model.name] = {}
+        for name, messages in PROMPTS.items():
+            plain = decode_figures(model, None, messages, args.n, args.r)
+            row = {"plain": plain}
+            row["lookup"] = decode_figures(
+                model, lambda: LookupDrafter(paced=True), messages, args.n, args.r, plain["ids"]
+            )
+            if draft is not None:
+                row["draft"] = decode_figures(
+                    model,
+                    lambda d=draft, m=model: ModelDrafter(d, m, paced=True),
+                    messages,
+                    args.n,
+                    args.r,
+                    plain["ids"],
+                )
+            for mode, fig in row.items():
+                ratio = fig["decode_tok_s"] / plain["decode_tok_s"]
+                print(
+                    f"{model.name} | {name} | {mode}: {fig['decode_tok_s']:.1f} tok/s ({ratio:.2f}x plain), "
+                    f"{fig['tokens']} tokens, acceptance {fig['acceptance']:.0%}, "
+                    f"{fig['tokens_per_pass']:.2f} tokens/pass, same as plain: {fig['same_as_plain']}, "
+                    f"load {fig['load_before']} -> {fig['load_after']}",
+                    flush=True,
+                )
+                fig.pop("ids")
+            out[name] = row
+        r = out["resume"] = resume_figures(model, args.resume_tokens)
+        print(
+            f"{model.name} | resume: {r['restored_tokens']}/{r['prompt_tokens']} tokens restored in "
+            f"{r['restore_s']:.3f} s (prefill was {r['prefill_s']:.2f} s; save {r['save_s']:.3f} s, "
+            f"{r['file_mb']:.1f} MB), load {r['load_before']} -> {r['load_after']}",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Saved KV caches: a conversation's keys and values on disk, so resuming it skips the prefill.
+
+A file holds one session's cache for its first n positions, and everything needed to know it is the right one:
+
+    b"CHATKV1\\n" · header length (8 bytes, little-endian) · header (JSON) · payload · sha256 of all before it
+
+The header names the model file's sha256, the chat template's sha256, the token ids and the cache's shape;
+the payload is K then V, float16, (layers, kv heads, n, head_dim) each. The trailing digest covers header and
+payload, so a truncated, damaged or edited file is refused, and so is any file whose model, template or ids are
+not this session's: the caller then evaluates the prompt as if nothing was saved. Never a wrong cache.
+
+Files are written to a temporary name, synced and renamed, so a crash (kill -9) mid-write leaves the previous
+file or none. The folder is kept under a byte limit by removing the least recently used files (a successful
+load marks a file used). A file whose ids are a prefix of a newer save of the same model and template is
+redundant and removed: a conversation keeps one file, its longest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .model import Session
+
+MAGIC = b"CHATKV1\n"
+VERSION = 1
+SUFFIX = ".kv"
+DIGEST = 32
+_CHUNK = 8 << 20  # bytes per write; `_after_chunk` runs after each (tests stop a writer there)
+_after_chunk: Callable[[int], None] | None = None
+_MODELS = "models.json"  # the model files' sha256, remembered by (size, mtime, ctime, inode)
+_MAX_HEADER = 64 << 20
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A saved cache's header, as `KVStore.entries` lists it."""
+
+    path: Path
+    model_sha256: str
+    template_sha256: str
+    tokens: tuple[int, ...]
+    size: int  # bytes on disk
+    used: float  # last use (save or successful load), seconds since the epoch
+
+
+def template_sha256(template_source: str) -> str:
+    return hashlib.sha256(template_source.encode("utf-8")).hexdigest()
+
+
+class KVStore:
+    """A folder of saved caches under a size limit (bytes; 0 keeps nothing)."""
+
+    def __init__(self, folder: Path, max_bytes: int) -> None:
+        self.folder = Path(folder)
+        self.max_bytes = max_bytes
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+
+    # -- the model file's identity -----------------------------------------------------------------------
+
+    def model_sha256(self, path: Path) -> str:
+        """The file's sha256; hashed once per version of the file (size, mtime, ctime and inode)."""
+        path = Path(path).resolve()
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        known = self._read_models()
+        entry = known.get(str(path))
+        if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
+            return entry["sha256"]
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(_CHUNK):
+                digest.update(block)
+        sha = digest.hexdigest()
+        known[str(path)] = {"stamp": stamp, "sha256": sha}
+        self._atomic_write(self.folder / _MODELS, [json.dumps(known).encode()])
+        return sha
+
+    def _read_models(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.folder / _MODELS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    # -- save and load -------------------------------------------------------------------------------------
+
+    def save(self, session: Session, model_sha: str, template_sha: str) -> Path | None:
+        """Write the session's cache (its n_past positions); None when there is nothing to save or no room."""
+        n = session.n_past
+        if n == 0 or self.max_bytes <= 0 or session.cache.device is not None:  # offloaded layers stay on the GPU
+            return None
+        tokens = list(session.tokens)
+        k, v = session.cache.k, session.cache.v
+        header = {
+            "version": VERSION,
+            "model_sha256": model_sha,
+            "template_sha256": template_sha,
+            "tokens": tokens,
+            "shape": [k.shape[0], k.shape[1], n, k.shape[3]],
+            "dtype": "float16",
+        }
+        head = json.dumps(header).encode("utf-8")
+        name = hashlib.sha256(f"{model_sha}:{template_sha}:{tokens}".encode()).hexdigest()[:32] + SUFFIX
+        path = self.folder / name
+
+        def parts():
+            yield MAGIC + len(head).to_bytes(8, "little") + head
+            for arr in (k, v):
+                for layer in range(arr.shape[0]):
+                    yield np.ascontiguousarray(arr[layer, :, :n]).tobytes()  # (kv heads, n, hd)
+
+        self._atomic_write(path, parts(), digest=True)
+        for other in self.entries():
+            if other.path != path and (other.model_sha256, other.template_sha256) == (model_sha, template_sha):
+                if tuple(tokens[: len(other.tokens)]) == other.tokens:  # a prefix of this save: redundant
+                    other.path.unlink(missing_ok=True)
+        self.evict(keep=path)
+        return path if path.exists() else None
+
+    def restore(
+        self, session: Session, model_sha: str, template_sha: str, prompt: Sequence[int], at_least: int = 1
+    ) -> int:
+        """Load the saved cache that shares the longest prefix with `prompt`, if it holds at least `at_least`
+        more of it than the session already does, into `session`; the positions restored, 0 if none."""
+        if session.cache.device is not None:
+            return 0
+        have = _common_prefix(session.tokens, prompt)
+        best, best_n = None, have + max(at_least, 1) - 1
+        for entry in self.entries():
+            if (entry.model_sha256, entry.template_sha256) != (model_sha, template_sha):
+                continue
+            n = _common_prefix(entry.tokens, prompt)
+            if n > best_n:
+                best, best_n = entry, n
+        if best is None:
+            return 0
+        loaded = self._read(best.path, session, model_sha, template_sha)
+        if loaded is None:  # damaged since it was listed: gone, and the prompt is evaluated instead
+            best.path.unlink(missing_ok=True)
+            return 0
+        tokens, k, v = loaded
+        n = min(_common_prefix(tokens, prompt), best_n)
+        session.truncate(0)
+        session.cache.k[:, :, :n] = k[:, :, :n]
+        session.cache.v[:, :, :n] = v[:, :, :n]
+        session.tokens.extend(tokens[:n])
+        os.utime(best.path)  # used: last to be evicted
+        return n
+
+    def _read(
+        self, path: Path, session: Session, model_sha: str, template_sha: str
+    ) -> tuple[list[int], np.ndarray, np.ndarray] | None:
+        """The file's ids, K and V if it is whole and matches this session's model, template and shape."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if len(data) < len(MAGIC) + 8 + DIGEST or not data.startswith(MAGIC):
+            return None
+        if hashlib.sha256(memoryview(data)[:-DIGEST]).digest() != data[-DIGEST:]:
+            return None
+        n_head = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
+        start = len(MAGIC) + 8
+        try:
+            header = json.loads(data[start : start + n_head])
+            tokens = [int(t) for t in header["tokens"]]
+            layers, n_kv, n, hd = (int(x) for x in header["shape"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        ck = session.cache.k
+        expected = (header.get("version"), header.get("model_sha256"), header.get("template_sha256"))
+        if expected != (VERSION, model_sha, template_sha) or header.get("dtype") != "float16":
+            return None
+        if (layers, n_kv, hd) != (ck.shape[0], ck.shape[1], ck.shape[3]) or n != len(tokens) or n > ck.shape[2]:
+            return None
+        payload = np.frombuffer(data, dtype=np.float16, offset=start + n_head, count=2 * layers * n_kv * n * hd)
+        if start + n_head + payload.nbytes + DIGEST != len(data):
+            return None
+        kv = payload.reshape(2, layers, n_kv, n, hd)
+        return tokens, kv[0], kv[1]
+
+    # -- the folder ----------------------------------------------------------------------------------------
+
+    def entries(self) -> list[Saved]:
+        """Every readable saved cache's header (files that cannot be read are skipped, not trusted)."""
+        out = []
+        for path in self.folder.glob(f"*{SUFFIX}"):
+            try:
+                st = path.stat()
+                with open(path, "rb") as f:
+                    if f.read(len(MAGIC)) != MAGIC:
+                        continue
+                    n_head = int.from_bytes(f.read(8), "little")
+                    if n_head > _MAX_HEADER:
+                        continue
+                    header = json.loads(f.read(n_head))
+                tokens = tuple(int(t) for t in header["tokens"])
+                out.append(Saved(path, str(header["model_sha256"]), str(header["template_sha256"]), tokens,
+                                 st.st_size, st.st_mtime))  # fmt: skip
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.folder.glob(f"*{SUFFIX}") if p.is_file())
+
+    def evict(self, keep: Path | None = None) -> None:
+        """Remove least recently used files until the folder is under its limit (`keep` goes last)."""
+        files = [p for p in self.folder.glob(f"*{SUFFIX}") if p.is_file()]
+        files.sort(key=lambda p: (p == keep, p.stat().st_mtime))
+        total = sum(p.stat().st_size for p in files)
+        for p in files:
+            if total <= self.max_bytes:
+                break
+            total -= p.stat().st_size
+            p.unlink(missing_ok=True)
+
+    def _atomic_write(self, path: Path, parts, digest: bool = False) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        h = hashlib.sha256()
+        written = 0
+        try:
+            with open(tmp, "wb") as f:
+                for part in parts:
+                    for i in range(0, len(part), _CHUNK):
+                        chunk = part[i : i + _CHUNK]
+                        f.write(chunk)
+                        h.update(chunk)
+                        written += len(chunk)
+                        if _after_chunk is not None:
+                            _after_chunk(written)
+                if digest:
+                    f.write(h.digest())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _remove_stale_temporaries(self) -> None:
+        """Temporaries a crashed writer left behind (older than a minute, so a live writer's is never taken)."""
+        for p in self.folder.glob(".*.tmp"):
+            try:
+                if time.time() - p.stat().st_mtime > 60:
+                    p.unlink()
+            except OSError:
+                pass
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n

@@ -1,0 +1,238 @@
+"""Saved KV caches (engine/kv_store.py): resuming without prefill, and every way a saved file can be wrong
+(truncated, tampered, another model under the same name, a writer killed mid-write) ending in a recompute."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine import load_model
+from engine.chat import ChatSession
+from engine.events import Message, TurnStats
+from engine.kernels import float_products
+from engine.kv_store import SUFFIX, KVStore
+from engine.sampling import SamplingSettings
+
+from .compare import assert_cache_exactly_fresh
+from .synthetic import write_tiny_model
+
+GREEDY = SamplingSettings(temperature=0.0, max_tokens=12)
+PROMPT = [40 + (i * 7) % 50 for i in range(60)]  # raw ids for the tiny model
+
+
+def reply(chat: ChatSession, messages=None, prompt=None) -> tuple[list[int], TurnStats]:
+    events = list(chat.stream_reply(messages) if messages is not None else chat.stream_completion(prompt))
+    stats = events[-1]
+    assert isinstance(stats, TurnStats)
+    return [e.token_id for e in events[:-1]], stats
+
+
+@pytest.fixture
+def tiny_path(tmp_path) -> Path:
+    return write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=1).path
+
+
+def tiny_chat(path: Path, store: KVStore | None) -> ChatSession:
+    chat = ChatSession(load_model(path, n_ctx=128), GREEDY)
+    chat.kv_store = store
+    return chat
+
+
+def test_resume_continues_without_prefill(smollm2_model, tmp_path) -> None:
+    """A saved conversation resumed in a new session: the prompt it shares comes from the file, the reply is the
+    one an uninterrupted session gives, and the cache is exactly fresh."""
+    with float_products():
+        store = KVStore(tmp_path / "kv", 1 << 30)
+        messages = [Message("system", "You are terse."), Message("user", "Name three rivers in Europe.")]
+        first = ChatSession(smollm2_model, GREEDY)
+        first.kv_store = store
+        _, stats = reply(first, messages)
+        assert first.save_cache() is not None
+        follow = [*messages, Message("assistant", stats.reply), Message("user", "And one in Asia?")]
+        expected, _ = reply(first, follow)
+
+        resumed = ChatSession(smollm2_model, GREEDY)
+        resumed.kv_store = KVStore(tmp_path / "kv", 1 << 30)
+        ids, stats = reply(resumed, follow)
+        assert stats.restored_tokens == stats.reused_tokens >= len(first.prompt_tokens(messages))
+        assert stats.evaluated_tokens <= len(smollm2_model.tokenize("And one in Asia?")) + 12
+        assert ids == expected
+        assert_cache_exactly_fresh(resumed)
+
+
+def test_no_store_no_restore(tiny_path, tmp_path) -> None:
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    chat = tiny_chat(tiny_path, store)
+    reply(chat, prompt=PROMPT)
+    chat.save_cache()
+    plain = tiny_chat(tiny_path, None)
+    _, stats = reply(plain, prompt=PROMPT)
+    assert stats.restored_tokens == 0 and stats.reused_tokens == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate-header", "truncate-payload", "drop-last-byte", "flip-payload",
+                                    "flip-token", "garbage"])  # fmt: skip
+def test_a_damaged_file_is_recomputed(tiny_path, tmp_path, damage: str) -> None:
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    chat = tiny_chat(tiny_path, store)
+    reply(chat, prompt=PROMPT)
+    path = chat.save_cache()
+    data = bytearray(path.read_bytes())
+    if damage == "truncate-header":
+        data = data[:20]
+    elif damage == "truncate-payload":
+        data = data[: len(data) // 2]
+    elif damage == "drop-last-byte":
+        data = data[:-1]
+    elif damage == "flip-payload":
+        data[-100] ^= 0x40
+    elif damage == "flip-token":  # an id in the header's token list: "tokens": [40, ...
+        at = data.index(b'"tokens": [') + len(b'"tokens": [')
+        data[at] = ord("5") if data[at] != ord("5") else ord("6")
+    else:
+        data = bytearray(os.urandom(len(data)))
+    path.write_bytes(bytes(data))
+
+    with float_products():
+        fresh = tiny_chat(tiny_path, KVStore(tmp_path / "kv", 1 << 30))
+        ids, stats = reply(fresh, prompt=PROMPT)
+        assert stats.restored_tokens == 0 and stats.evaluated_tokens == len(PROMPT)
+        assert ids == reply(tiny_chat(tiny_path, None), prompt=PROMPT)[0]
+        assert_cache_exactly_fresh(fresh)
+
+
+def test_another_model_under_the_same_name_is_not_trusted(tmp_path) -> None:
+    path = tmp_path / "model.gguf"
+    write_tiny_model(path, "llama", seed=1)
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    chat = tiny_chat(path, store)
+    reply(chat, prompt=PROMPT)
+    assert chat.save_cache() is not None
+
+    write_tiny_model(path, "llama", seed=2)  # same name, same shapes, other weights
+    with float_products():
+        other = tiny_chat(path, KVStore(tmp_path / "kv", 1 << 30))
+        ids, stats = reply(other, prompt=PROMPT)
+        assert stats.restored_tokens == 0
+        expected, _ = reply(tiny_chat(path, None), prompt=PROMPT)
+        assert ids == expected
+        assert_cache_exactly_fresh(other)
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from engine import load_model, kv_store
+    from engine.chat import ChatSession
+    from engine.sampling import SamplingSettings
+
+    from engine.kernels import float_products
+
+    exact = float_products()  # kept: the parent compares in the exact mode, so the saved cache is made in it
+    exact.__enter__()
+    path, folder = sys.argv[1], sys.argv[2]
+    prompt = [40 + (i * 7) % 50 for i in range(60)]
+    chat = ChatSession(load_model(path, n_ctx=128), SamplingSettings(temperature=0.0, max_tokens=12))
+    chat.kv_store = kv_store.KVStore(folder, 1 << 30)
+    list(chat.stream_completion(prompt))
+    chat.save_cache()  # the first save completes
+    kv_store._CHUNK = 512
+
+    def stall(written):
+        if written > 2048:
+            print("mid-write", flush=True)
+            time.sleep(600)
+
+    kv_store._after_chunk = stall
+    list(chat.stream_completion(prompt + [7] * 20))
+    chat.save_cache()  # killed in here
+    """
+)
+
+
+def test_kill_9_during_a_cache_write_then_resume(tiny_path, tmp_path) -> None:
+    folder = tmp_path / "kv"
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(tiny_path), str(folder)],
+        stdout=subprocess.PIPE, cwd=root, env=os.environ | {"PYTHONPATH": str(root)}, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "mid-write"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert list(folder.glob(".*.tmp")), "the writer was stopped before its rename"
+    saved = list(folder.glob(f"*{SUFFIX}"))
+    assert len(saved) == 1  # the first save, whole
+
+    with float_products():
+        chat = tiny_chat(tiny_path, KVStore(folder, 1 << 30))
+        ids, stats = reply(chat, prompt=[*PROMPT, 7, 7])
+        assert stats.restored_tokens >= len(PROMPT)  # from the first save
+        expected, _ = reply(tiny_chat(tiny_path, None), prompt=[*PROMPT, 7, 7])
+        assert ids == expected
+        assert_cache_exactly_fresh(chat)
+
+
+def test_the_folder_keeps_its_limit_least_recently_used_first(tiny_path, tmp_path) -> None:
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    chat = tiny_chat(tiny_path, store)
+    paths = []
+    for i, first in enumerate((41, 42, 43)):
+        reply(chat, prompt=[first, *PROMPT])
+        paths.append(chat.save_cache())
+        os.utime(paths[-1], (1000.0 + i, 1000.0 + i))  # explicit ages: no clock involved
+    size = paths[0].stat().st_size
+    assert store.size_bytes() == sum(p.stat().st_size for p in paths)
+
+    # Resuming the oldest marks it used; the next save over the limit removes the least recently used (42).
+    resumed = tiny_chat(tiny_path, store)
+    _, stats = reply(resumed, prompt=[41, *PROMPT])
+    assert stats.restored_tokens > 0
+    store.max_bytes = 3 * size + size // 2
+    reply(chat, prompt=[44, *PROMPT])
+    newest = chat.save_cache()
+    assert newest.exists() and paths[0].exists()
+    assert not paths[1].exists() and paths[2].exists()
+    assert store.size_bytes() <= store.max_bytes
+
+
+def test_a_longer_save_replaces_its_prefix(tiny_path, tmp_path) -> None:
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    chat = tiny_chat(tiny_path, store)
+    reply(chat, prompt=PROMPT)
+    first = chat.save_cache()
+    chat.settings = replace(GREEDY, max_tokens=4)
+    reply(chat, prompt=chat.cached_tokens + [9, 9, 9])
+    second = chat.save_cache()
+    assert second != first and second.exists() and not first.exists()
+
+
+def test_nothing_is_saved_at_size_zero(tiny_path, tmp_path) -> None:
+    chat = tiny_chat(tiny_path, KVStore(tmp_path / "kv", 0))
+    reply(chat, prompt=PROMPT)
+    assert chat.save_cache() is None
+    assert not list((tmp_path / "kv").glob(f"*{SUFFIX}"))
+
+
+def test_autosave_writes_after_every_turn_and_the_app_folder_follows_the_config(tiny_path, isolated_dirs) -> None:
+    from chatapp.kv_cache import kv_cache_dir, kv_store_for
+    from chatapp.settings import load_settings
+
+    assert kv_store_for(load_settings({"kv_cache_mb": 0})) is None
+    store = kv_store_for(load_settings({"kv_cache_mb": 8}))
+    assert store.folder == kv_cache_dir() and store.max_bytes == 8 << 20
+    chat = tiny_chat(tiny_path, store)
+    chat.autosave = True
+    reply(chat, prompt=PROMPT)
+    (saved,) = store.entries()
+    assert list(saved.tokens) == chat.cached_tokens
