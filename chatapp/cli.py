@@ -202,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = [Message("system", settings.system_prompt)] if settings.system_prompt else []
         stream = chat.stream_reply([*messages, Message("user", args.prompt)])
         for w in chat.warnings():
-            say(f"warning: {w}")
+            if w not in model.warnings:  # those were said above
+                say(f"warning: {w}")
     else:
         tok = model.tokenizer
         ids = tok.tokenize(args.prompt, special=True)

@@ -52,14 +52,16 @@ def test_cuda_without_cupy_exits_2_in_one_line(tmp_path: Path, smollm2_path: Pat
 
 
 @needs_no_cupy
-def test_auto_runs_on_the_cpu_and_says_why(
-    isolated_dirs, smollm2_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("mode", [[], ["--chat"]], ids=["completion", "chat"])
+def test_auto_runs_on_the_cpu_and_says_why_once(
+    isolated_dirs, smollm2_path: Path, capsys: pytest.CaptureFixture[str], mode: list[str]
 ) -> None:
-    status = cli.main(["run", "-m", str(smollm2_path), "-n", "3", "--temp", "0", "-p", "Hello", "--device", "auto"])
+    args = ["run", "-m", str(smollm2_path), "-n", "3", "--temp", "0", "-p", "Hello", "--device", "auto", *mode]
+    status = cli.main(args)
     out, err = capsys.readouterr()
     assert status == 0, err
     assert [line for line in err.splitlines() if "GPU" in line] == [AUTO_WARNING]
-    assert out.startswith("Hello") and len(out.strip()) > len("Hello")
+    assert len(out.strip()) > len("Hello") and (mode or out.startswith("Hello"))
 
 
 @pytest.mark.parametrize(
