@@ -24,3 +24,13 @@ def kv_store_for(settings: AppSettings) -> KVStore | None:
     from engine.kv_store import KVStore
 
     return KVStore(kv_cache_dir(), settings.kv_cache_mb << 20)
+
+
+def kv_cache_summary() -> str:
+    """The line the saved-chats list shows, e.g. "saved KV caches: 41 MB"; "" when there are none."""
+    folder = kv_cache_dir()
+    try:
+        size = sum(p.stat().st_size for p in folder.glob("*.kv"))
+    except OSError:
+        return ""
+    return f"saved KV caches: {size / 1e6:.0f} MB" if size else ""

@@ -236,3 +236,23 @@ def test_autosave_writes_after_every_turn_and_the_app_folder_follows_the_config(
     reply(chat, prompt=PROMPT)
     (saved,) = store.entries()
     assert list(saved.tokens) == chat.cached_tokens
+
+
+async def test_the_saved_chats_list_shows_the_folder_size(isolated_dirs) -> None:
+    from textual.app import App
+
+    from chatapp.kv_cache import kv_cache_dir, kv_cache_summary
+    from chatapp.tui.widgets.conversations import ConversationsScreen
+
+    assert kv_cache_summary() == ""
+    kv_cache_dir().mkdir(parents=True)
+    (kv_cache_dir() / f"a{SUFFIX}").write_bytes(b"\0" * 3_000_000)
+
+    class Host(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(ConversationsScreen([]))
+
+    app = Host()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        assert app.screen.query_one("#conversations").border_subtitle == "saved KV caches: 3 MB"

@@ -17,6 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from chatapp.kv_cache import kv_cache_summary
 from chatapp.store import SNIPPET_MARKS
 
 Choice = tuple[int, int | None]
@@ -85,7 +86,9 @@ class ConversationsScreen(ModalScreen[Choice | None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#conversations").border_title = "Saved chats"
+        box = self.query_one("#conversations")
+        box.border_title = "Saved chats"
+        box.border_subtitle = kv_cache_summary()  # what resuming without prefill costs on disk
         self._fill("")
         self.query_one("#conv-list", OptionList).focus()
 
