@@ -105,7 +105,7 @@ _SAMPLING_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
     "min_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
     "repeat_penalty": (lambda v: v > 0, "> 0 (1 = off)"),
-    "repeat_last_n": (lambda v: v >= 0, "≥ 0"),
+    "repeat_last_n": (lambda v: v >= -1, "≥ -1 (-1 = the whole context, 0 = off)"),
     "seed": (lambda v: v >= -1, "≥ -1 (-1 = random)"),
     "max_tokens": (lambda v: v == -1 or v >= 1, "≥ 1, or -1 for no limit"),
 }

@@ -212,7 +212,7 @@ class ChatSession:
                 settings, valid = current, current.validated()[0]
             t1 = time.perf_counter()
             last_n = valid.repeat_last_n
-            recent = (prompt + generated)[-last_n:] if last_n > 0 else ()
+            recent = () if last_n == 0 else (prompt + generated)[-last_n:] if last_n > 0 else prompt + generated
             drafted = False
             if queue:
                 guess, after = queue[0]

@@ -1,7 +1,5 @@
-"""Model hyper-parameters and per-architecture differences, read once from GGUF metadata.
-
-Architectures are data: an `ArchSpec` says which norm, FFN, position scheme and biases a family uses, and one
-forward pass (engine/model.py) reads it. Adding a llama-like family is a new table row.
+"""Model hyper-parameters, read once from GGUF metadata, with the family's description (engine/families.py)
+resolved against them: every constant and per-layer choice an execution path needs is a field here.
 """
 
 from __future__ import annotations
@@ -10,25 +8,20 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .errors import ModelFileError, UnsupportedModelError
+from .families import FAMILIES, Family
 
+# A prompt is evaluated in chunks of at most this many tokens (bounds scratch memory: scores are heads × chunk ×
+# ctx); a sliding-window layer's ring cache holds its window plus one chunk, so a chunk never overwrites keys
+# that one of its own queries still reads.
+PREFILL_CHUNK = 256
 
-@dataclass(frozen=True)
-class ArchSpec:
-    norm: str  # "rms" (RMSNorm, weight only) or "layer" (LayerNorm with bias)
-    ffn: str  # "swiglu" (gate, up, down) or "gelu" (up, down)
-    positions: str  # "rope" or "learned" (a position_embd table)
-    rope_neox: bool  # rotate (i, i + d/2) pairs; False: adjacent (2i, 2i+1) pairs as llama GGUFs expect
-    qkv_bias: bool  # Q/K/V projections carry biases
-    fused_qkv: bool  # one attn_qkv matrix (3·d rows) instead of attn_q/k/v
-    biases: bool  # attention output and FFN matrices carry biases
+ArchSpec = Family  # the name the rest of the code and the tests know the description by
 
-
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "llama": ArchSpec("rms", "swiglu", "rope", rope_neox=False, qkv_bias=False, fused_qkv=False, biases=False),
-    "qwen2": ArchSpec("rms", "swiglu", "rope", rope_neox=True, qkv_bias=True, fused_qkv=False, biases=False),
-    "gpt2": ArchSpec("layer", "gelu", "learned", rope_neox=False, qkv_bias=True, fused_qkv=True, biases=True),
-}
+# rope.scaling.type values we run; any other (yarn, longrope, su, ...) is refused by name.
+_ROPE_SCALINGS = (None, "none", "linear")
 
 
 def _get(meta: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -43,7 +36,7 @@ def _get(meta: dict[str, Any], key: str, kind: type, default: Any = None) -> Any
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str  # general.architecture
-    spec: ArchSpec
+    spec: Family  # the family's description (engine/families.py)
     n_vocab: int  # rows of token_embd
     d_model: int  # embedding width
     n_layer: int  # transformer blocks
@@ -55,15 +48,23 @@ class ModelConfig:
     norm_eps: float  # epsilon of RMSNorm / LayerNorm
     rope_base: float  # RoPE frequency base
     rope_dim: int  # leading dims of each head that RoPE rotates
-    rope_scale: float  # linear position scaling (1.0: none)
+    rope_scale: float  # linear position scaling of the global layers (1.0: none)
+    rope_base_local: float  # RoPE base of the sliding-window layers
+    rope_scale_local: float  # and their position scaling
+    attn_scale: float  # multiplies q·k (1/√head_dim unless the family says otherwise)
+    attn_softcap: float  # scores become cap·tanh(scores / cap) before the softmax; 0: none
+    final_softcap: float  # the same on the output logits; 0: none
+    embed_scale: float  # token embeddings are multiplied by this (1.0: none)
+    sliding_window: int  # keys a local layer's query sees, itself included; 0: no local layers
+    local: tuple[bool, ...]  # per layer: attends over the sliding window only
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
         arch = meta.get("general.architecture")
-        if arch not in ARCHITECTURES:
-            known = ", ".join(sorted(ARCHITECTURES))
+        if arch not in FAMILIES:
+            known = ", ".join(sorted(FAMILIES))
             raise UnsupportedModelError(f"architecture {arch!r} is not supported (supported: {known})")
-        spec = ARCHITECTURES[arch]
+        spec = FAMILIES[arch]
 
         def key(name: str, kind: type = int, default: Any = None) -> Any:
             return _get(meta, f"{arch}.{name}", kind, default)
@@ -74,24 +75,62 @@ class ModelConfig:
         head_dim = key("attention.key_length", int, d_model // n_head if n_head > 0 else 0)
         eps_key = "attention.layer_norm_rms_epsilon" if spec.norm == "rms" else "attention.layer_norm_epsilon"
         scaling = meta.get(f"{arch}.rope.scaling.type")
+        if scaling not in _ROPE_SCALINGS:
+            raise UnsupportedModelError(
+                f"metadata {arch}.rope.scaling.type: {scaling!r:.40} rope scaling is not supported"
+            )
         rope_scale = 1.0
         if scaling == "linear":
             rope_scale = 1.0 / float(key("rope.scaling.factor", float, 1.0) or 1.0)
+        experts = meta.get(f"{arch}.expert_count", 0)
+        if isinstance(experts, int) and experts > 0:
+            raise UnsupportedModelError(
+                f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
+            )
+        value_dim = key("attention.value_length", int, head_dim)
+        if value_dim != head_dim:
+            raise UnsupportedModelError(
+                f"metadata {arch}.attention.value_length: {value_dim} differs from key_length {head_dim} "
+                "(not supported)"
+            )
+        n_layer = key("block_count")
+        rope_base = float(key("rope.freq_base", float, 10000.0))
+        # As llama.cpp: a file without a sliding window runs every layer global.
+        window = max(0, key("attention.sliding_window", int, 0)) if spec.swa_period else 0
+        period = spec.swa_period if window else 0
+        local = tuple(bool(period) and i % period != period - 1 for i in range(n_layer))
+        base_local = float(key("rope.freq_base_swa", float, spec.local_rope_base or rope_base))
+        wide = spec.wide_scale_layers and n_layer == spec.wide_scale_layers
+        attn_scale = 1.0 / math.sqrt(d_model / n_head if wide else head_dim)
+        softcaps = (0.0, 0.0)
+        if spec.softcap:
+            softcaps = (
+                float(key("attn_logit_softcapping", float, 50.0)),
+                float(key("final_logit_softcapping", float, 30.0)),
+            )
         cfg = cls(
             arch=arch,
             spec=spec,
             n_vocab=n_vocab,
             d_model=d_model,
-            n_layer=key("block_count"),
+            n_layer=n_layer,
             n_head=n_head,
             n_kv_head=n_kv_head,
             head_dim=head_dim,
             d_ff=key("feed_forward_length"),
             n_ctx_train=key("context_length"),
             norm_eps=float(key(eps_key, float, 1e-5)),
-            rope_base=float(key("rope.freq_base", float, 10000.0)),
+            rope_base=rope_base,
             rope_dim=key("rope.dimension_count", int, head_dim),
             rope_scale=rope_scale,
+            rope_base_local=base_local,
+            rope_scale_local=1.0 if spec.local_rope_base else rope_scale,
+            attn_scale=attn_scale,
+            attn_softcap=softcaps[0],
+            final_softcap=softcaps[1],
+            embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else 1.0,
+            sliding_window=window,
+            local=local,
         )
         cfg._check()
         return cfg
@@ -110,8 +149,22 @@ class ModelConfig:
             raise ModelFileError(f"metadata {self.arch}: rope.dimension_count {self.rope_dim} does not fit the heads")
         if self.spec.positions == "rope" and not (math.isfinite(self.rope_base) and self.rope_base > 0):
             raise ModelFileError(f"metadata {self.arch}: rope.freq_base {self.rope_base} is not a positive number")
+        for name in ("attn_softcap", "final_softcap"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ModelFileError(f"metadata {self.arch}: {name} {getattr(self, name)} is not a number >= 0")
         if not (math.isfinite(self.norm_eps) and self.norm_eps >= 0):
             raise ModelFileError(f"metadata {self.arch}: norm epsilon {self.norm_eps} is not a number >= 0")
+
+    def cache_rows(self, layer: int, n_ctx: int) -> int:
+        """Positions layer `layer`'s KV cache holds for a context of n_ctx: all of them, or for a sliding-window
+        layer a ring of its window plus one prompt chunk (position p in row p % rows)."""
+        if self.local[layer]:
+            return min(n_ctx, self.sliding_window + PREFILL_CHUNK)
+        return n_ctx
+
+    def window(self, layer: int) -> int:
+        """Keys a query of layer `layer` sees, itself included; 0: every earlier position."""
+        return self.sliding_window if self.local[layer] else 0
 
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], bool]]:
         """Every tensor name the forward pass reads -> (ggml shape, required)."""
@@ -144,8 +197,14 @@ class ModelConfig:
                     out[p + name + ".weight"] = ((d, rows), True)
                     if self.spec.qkv_bias:
                         out[p + name + ".bias"] = ((rows,), True)
+            if self.spec.qk_norm:
+                out[p + "attn_q_norm.weight"] = ((hd,), True)
+                out[p + "attn_k_norm.weight"] = ((hd,), True)
+            if self.spec.post_norms:
+                out[p + "post_attention_norm.weight"] = ((d,), True)
+                out[p + "post_ffw_norm.weight"] = ((d,), True)
             out[p + "attn_output.weight"] = ((q_dim, d), True)
-            if self.spec.ffn == "swiglu":
+            if self.spec.ffn != "gelu":
                 out[p + "ffn_gate.weight"] = ((d, ff), True)
             out[p + "ffn_up.weight"] = ((d, ff), True)
             out[p + "ffn_down.weight"] = ((ff, d), True)

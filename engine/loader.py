@@ -67,7 +67,8 @@ def load_model(
         warnings.append(f"context {n_ctx} exceeds the model's trained {cfg.n_ctx_train}; using {cfg.n_ctx_train}")
         n_ctx = cfg.n_ctx_train
     n_device, with_output = split_layers(gpu_layers, cfg.n_layer) if backend is not None else (0, False)
-    cache_bytes = 2 * 2 * (cfg.n_layer - n_device) * cfg.n_kv_head * cfg.head_dim * n_ctx
+    cache_rows = sum(cfg.cache_rows(li, n_ctx) for li in range(n_device, cfg.n_layer))  # rings: their window only
+    cache_bytes = 2 * 2 * cfg.n_kv_head * cfg.head_dim * cache_rows
     if cache_bytes > _MAX_CACHE_SHARE * _physical_memory():
         raise SettingsError(
             f"a context of {n_ctx} tokens needs {cache_bytes / 2**30:.1f} GiB of KV cache, "

@@ -1,7 +1,10 @@
-"""The forward pass: one function for every architecture, reading the ArchSpec.
+"""The forward pass on the CPU: one function for every family, reading the model's config (the family's
+description resolved against the file, engine/config.py and engine/families.py).
 
-embed -> per layer (norm -> attention with KV cache -> residual -> norm -> FFN -> residual) -> norm -> logits.
-Quantized products go through engine.kernels; everything else is float32 NumPy.
+embed -> per layer (norm -> q, k, v [-> q/k norm] -> RoPE -> attention over the KV cache [-> post-norm] ->
+residual -> norm -> FFN [-> post-norm] -> residual) -> norm -> logits [-> soft-cap].
+A prompt runs each op as a compiled kernel over all its rows (engine.kernels); one token runs each layer in
+one compiled call (kernels.DecodeLayer) with the same arithmetic.
 """
 
 from __future__ import annotations
@@ -13,35 +16,29 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import PREFILL_CHUNK, ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
 from .kernels import (
     DecodeLayer,
     causal_attention,
+    decode,
     embedding_rows,
     float_products_active,
+    geglu,
     matmul,
     rms_norm_rows,
     rope_into_cache,
     swiglu,
 )
-from .weights import LayerWeights, Weights
+from .weights import Weights
 
 if TYPE_CHECKING:
     from .tokenizer import StreamDecoder, Tokenizer
 
-# Prompts are evaluated in chunks of this many tokens to bound scratch memory (scores are heads × chunk × ctx).
-PREFILL_CHUNK = 256
-
 
 class ContextFullError(EngineError):
     """More tokens than the session's context holds."""
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    # x (t, d) -> (t, d). The NumPy statement (the GPU path's reference); the CPU pass runs kernels.rms_norm_rows.
-    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * w
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -51,86 +48,28 @@ def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     return xc * (1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)) * w + b
 
 
-def half_round(x: np.ndarray) -> np.ndarray:
-    """x rounded to the nearest float16 value, kept as float32."""
-    return x.astype(np.float16).astype(np.float32)
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
 def gelu(x: np.ndarray) -> np.ndarray:
-    # The tanh approximation, as GPT-2 and ggml use.
+    # The tanh approximation, as ggml uses.
     return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
 
 
-def rope_tables(cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32."""
+def rope_tables(
+    cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None, local: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32, for the global
+    layers or (local) the sliding-window ones, which may have their own base and scale."""
     half = cfg.rope_dim // 2
-    inv_freq = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
+    base, scale = (cfg.rope_base_local, cfg.rope_scale_local) if local else (cfg.rope_base, cfg.rope_scale)
+    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
     if freq_factors is not None:
         inv_freq = inv_freq / freq_factors.astype(np.float64)
-    angles = np.outer(np.arange(n_pos, dtype=np.float64) * cfg.rope_scale, inv_freq)  # (n_pos, half)
+    angles = np.outer(np.arange(n_pos, dtype=np.float64) * scale, inv_freq)  # (n_pos, half)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int, neox: bool) -> np.ndarray:
-    """Rotate the leading rope_dim dims of every head. x (t, heads, head_dim); cos/sin (t, rope_dim/2)."""
-    half = rope_dim // 2
-    if neox:  # pairs (i, i + half)
-        x1, x2 = x[..., :half], x[..., half:rope_dim]
-    else:  # adjacent pairs (2i, 2i+1): llama GGUFs were permuted for this
-        x1, x2 = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
-    c, s = cos[:, None, :], sin[:, None, :]  # (t, 1, half)
-    r1 = x1 * c - x2 * s
-    r2 = x1 * s + x2 * c
-    out = x.copy()
-    if neox:
-        out[..., :half], out[..., half:rope_dim] = r1, r2
-    else:
-        out[..., 0:rope_dim:2], out[..., 1:rope_dim:2] = r1, r2
-    return out
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
-    """Causal attention of t new queries over T = start + t cached positions: the NumPy statement of what
-    kernels.causal_attention computes (and the reference the tests hold it to).
-
-    q (t, n_head, hd); k, v (n_kv, T, hd) -> (t, n_head·hd). Query head h reads kv head h // (n_head/n_kv).
-    """
-    t, n_head, hd = q.shape
-    n_kv, n_pos, _ = k.shape
-    group = n_head // n_kv
-    qg = q.transpose(1, 0, 2).reshape(n_kv, group * t, hd)  # (n_kv, group·t, hd)
-    scores = np.matmul(qg, k.transpose(0, 2, 1))  # (n_kv, group·t, T)
-    scores *= np.float32(1.0 / np.sqrt(hd))
-    if t > 1:
-        scores = scores.reshape(n_kv, group, t, n_pos)
-        future = np.triu(np.ones((t, n_pos), dtype=bool), k=start + 1)  # query i sees keys <= start + i
-        scores[:, :, future] = -np.inf
-        scores = scores.reshape(n_kv, group * t, n_pos)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    out = np.matmul(scores, v)  # (n_kv, group·t, hd)
-    return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
-
-
-def split_qkv(cfg: ModelConfig, outs: list) -> tuple:
-    """The q/k/v projections' outputs, (q, k, v) or one fused (t, q_dim + 2·kv_dim), as per-head arrays:
-    (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd). Works on NumPy and CuPy arrays alike."""
-    if len(outs) == 1:  # fused attn_qkv: rows are [q; k; v]
-        q_dim, kv_dim = cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim
-        fused = outs[0]
-        outs = [fused[:, :q_dim], fused[:, q_dim : q_dim + kv_dim], fused[:, q_dim + kv_dim :]]
-    q, k, v = outs
-    t = q.shape[0]
-    return (
-        q.reshape(t, cfg.n_head, cfg.head_dim),
-        k.reshape(t, cfg.n_kv_head, cfg.head_dim),
-        v.reshape(t, cfg.n_kv_head, cfg.head_dim),
-    )
+def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap · tanh(x / cap), in float32: the final logits' soft-cap."""
+    return (np.float32(cap) * np.tanh(x / np.float32(cap))).astype(np.float32)
 
 
 class Offload(Protocol):
@@ -156,21 +95,27 @@ class Offload(Protocol):
 class KVCache:
     """Keys and values for n_ctx positions, allocated once: the CPU layers' here, the offloaded layers' in
     `device` (None without offload). Stored as float16, as llama.cpp's default cache: the forward pass rounds
-    k and v to float16 anyway, so the cache is exact at half the memory of float32."""
+    k and v to float16 anyway, so the cache is exact at half the memory of float32. A sliding-window layer
+    keeps only a ring of `cfg.cache_rows` positions (position p in row p % rows)."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None):
         first = offload.n_layers if offload is not None else 0
-        # (layer - first, kv head, position, hd)
-        shape = (cfg.n_layer - first, cfg.n_kv_head, n_ctx, cfg.head_dim)
-        self.k = np.zeros(shape, dtype=np.float16)
-        self.v = np.zeros(shape, dtype=np.float16)
+        rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
+        self.k = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]  # (kv head, row, hd)
+        self.v = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
         self.device = offload.new_cache(n_ctx) if offload is not None else None
         self.n_ctx = n_ctx
+        # Positions a ring keeps (None: no ring, every position stays), and how far back a query looks.
+        self.ring_rows = min((cfg.cache_rows(li, n_ctx) for li in range(cfg.n_layer) if cfg.local[li]), default=None)
+        if self.ring_rows is not None and self.ring_rows >= n_ctx:
+            self.ring_rows = None
+        self.window = cfg.sliding_window
+        self.low = 0  # the oldest position every ring still holds (Session.truncate's check)
 
     @property
     def nbytes(self) -> int:
         """Bytes of the CPU part."""
-        return self.k.nbytes + self.v.nbytes
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
 @dataclass(frozen=True)
@@ -202,9 +147,16 @@ class Model:
         self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
         self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
         n_pos = max(n_ctx, 1)
-        if cfg.spec.positions == "rope":
+        rope_dim = cfg.rope_dim if cfg.spec.positions == "rope" else 0  # learned positions: nothing rotates
+        if rope_dim:
             self._cos, self._sin = rope_tables(cfg, n_pos, weights.rope_freqs)
-            self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_dim, cfg.spec.rope_neox)
+        else:
+            self._cos = self._sin = np.zeros((n_pos, 0), dtype=np.float32)
+        self._rope = [(self._cos, self._sin)] * cfg.n_layer  # per layer: its (cos, sin), each (n_pos, rope_dim/2)
+        if rope_dim and any(cfg.local):
+            local = rope_tables(cfg, n_pos, weights.rope_freqs, local=True)
+            self._rope = [local if is_local else (self._cos, self._sin) for is_local in cfg.local]
+        self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, rope_dim, cfg.spec.rope_neox)
         self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
         self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
@@ -264,56 +216,74 @@ class Model:
         Returns logits (1, n_vocab) for the last token when last_only, else (t, n_vocab).
         """
         with self._lock:
-            return self._forward(ids, cache, start, last_only)
+            logits = self._forward(ids, cache, start, last_only)
+            if cache.ring_rows is not None:  # positions before this are overwritten in the rings
+                cache.low = max(cache.low, start + len(ids) - cache.ring_rows)
+            return logits
 
     def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool) -> np.ndarray:
         cfg, w = self.cfg, self.weights
         t = len(ids)
-        end = start + t
         x = embedding_rows(w.token_embd, ids)  # (t, d)
+        if cfg.embed_scale != 1.0:
+            x *= np.float32(cfg.embed_scale)
         if w.position_embd is not None:
-            x += w.position_embd[start:end]
+            x += w.position_embd[start : start + t]
         first = 0
         if self.offload is not None:
             x = self.offload.forward_layers(x, cache.device, start)
             first = self.offload.n_layers
         fast = self._fast_layers() if t == 1 else None
         for li in range(first, cfg.n_layer):
-            ci = li - first  # the layer's index in the CPU cache
-            if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as below
-                fast[li](x[0], start, cache.k[ci], cache.v[ci], self._cos[start], self._sin[start])
-                continue
-            lw = w.layers[li]
-            h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
-            q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
-            # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
-            # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
-            if cfg.spec.positions == "rope":  # rotate, round q, store k and v: compiled, as the decode layer
-                cos, sin = self._cos[start:end], self._sin[start:end]
-                rows = [np.ascontiguousarray(a.reshape(t, -1)) for a in (q, k, v)]  # (t, heads·hd) each
-                rope_into_cache(*rows, cache.k[ci], cache.v[ci], start, cos, sin, self._rope_shape)
-                q = rows[0].reshape(q.shape)  # rotated and rounded in place
+            kc, vc = cache.k[li - first], cache.v[li - first]  # (n_kv, rows, hd): this layer's cache
+            cos, sin = self._rope[li]
+            if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as _layer
+                fast[li](x[0], start, kc, vc, cos[start], sin[start])
             else:
-                cache.k[ci, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd), rounded to float16
-                cache.v[ci, :, start:end] = v.transpose(1, 0, 2)
-                q = half_round(q)
-            a = causal_attention(q, cache.k[ci], cache.v[ci], start)  # (t, n_head·hd)
-            x += self._bias(matmul(lw.wo, a), lw.bo)
-            h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
-            if lw.w_gate is not None:
-                h = swiglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): silu(gate) * up
-            else:
-                h = gelu(self._bias(matmul(lw.w_up, h), lw.b_up))
-            x += self._bias(matmul(lw.w_down, h), lw.b_down)
+                self._layer(li, x, kc, vc, start)
         if last_only:
             x = x[-1:]
         if self.offload is not None and self.offload.runs_output:
             return self.offload.output(x)
         x = self._norm(x, w.output_norm, w.output_norm_b)
-        return matmul(w.output, x)  # (t, n_vocab)
+        logits = matmul(w.output, x)  # (t, n_vocab)
+        return soft_cap(logits, cfg.final_softcap) if cfg.final_softcap else logits
+
+    def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> None:
+        """x (t, d) at positions start.., in place, through layer li; its keys and values go into kc, vc."""
+        cfg, lw = self.cfg, self.weights.layers[li]
+        t, hd, eps = x.shape[0], cfg.head_dim, cfg.norm_eps
+        h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
+        biases = lw.bqkv or (None, None, None)
+        q, k, v = (self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True))  # (t, heads·hd)
+        if lw.q_norm is not None:  # per head, before RoPE
+            q = rms_norm_rows(q.reshape(-1, hd), lw.q_norm, eps)  # (t·n_head, hd)
+            k = rms_norm_rows(k.reshape(-1, hd), lw.k_norm, eps)  # (t·n_kv, hd)
+        # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
+        # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
+        rows = [np.ascontiguousarray(a.reshape(t, -1)) for a in (q, k, v)]  # (t, heads·hd) each
+        cos, sin = self._rope[li]
+        rope_into_cache(*rows, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
+        q = rows[0].reshape(t, cfg.n_head, hd)  # rotated and rounded in place
+        a = causal_attention(q, kc, vc, start, cfg.attn_scale, cfg.window(li), cfg.attn_softcap)  # (t, n_head·hd)
+        o = self._bias(matmul(lw.wo, a), lw.bo)  # (t, d)
+        if lw.post_attn_norm is not None:
+            o = rms_norm_rows(o, lw.post_attn_norm, eps)
+        x += o
+        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
+        if cfg.spec.ffn == "swiglu":
+            h = swiglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): silu(gate) * up
+        elif cfg.spec.ffn == "geglu":
+            h = geglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): gelu(gate) * up
+        else:
+            h = gelu(self._bias(matmul(lw.w_up, h), lw.b_up))
+        f = self._bias(matmul(lw.w_down, h), lw.b_down)  # (t, d)
+        if lw.post_ffn_norm is not None:
+            f = rms_norm_rows(f, lw.post_ffn_norm, eps)
+        x += f
 
     def _fast_layers(self) -> list[DecodeLayer | None] | None:
-        """Every layer's one-call decode arguments, when the architecture and weight types allow it."""
+        """Every layer's one-call decode arguments, when the weight types allow it."""
         if not self.fused_decode or float_products_active():
             return None
         if self._decode_layers is False:
@@ -322,25 +292,20 @@ class Model:
 
     def _build_decode_layers(self) -> list[DecodeLayer | None] | None:
         cfg, spec = self.cfg, self.cfg.spec
-        if spec.norm != "rms" or spec.positions != "rope":
-            return None
         first = self.offload.n_layers if self.offload is not None else 0
         layers: list[DecodeLayer | None] = [None] * first  # offloaded layers: never run here, never packed
-        for lw in self.weights.layers[first:]:
-            if lw.w_gate is None or len(lw.wqkv) != 3 or lw.bo is not None or lw.b_up is not None:
+        for li in range(first, cfg.n_layer):
+            lw = self.weights.layers[li]
+            if not DecodeLayer.fits((*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)):
                 return None
-            if lw.b_down is not None or not DecodeLayer.fits((*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)):
-                return None
-            shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.rope_dim, spec.rope_neox)
+            norms = (lw.attn_norm, lw.attn_norm_b, lw.ffn_norm, lw.ffn_norm_b, lw.q_norm, lw.k_norm,
+                     lw.post_attn_norm, lw.post_ffn_norm)  # fmt: skip
+            biases = (*(lw.bqkv or (None, None, None)), lw.bo, lw.b_up, lw.b_down)
+            flags = (decode.FFN_KINDS[spec.ffn], spec.norm == "layer", cfg.window(li))
+            consts = (cfg.norm_eps, cfg.attn_scale, cfg.attn_softcap)
             layers.append(
                 DecodeLayer(
-                    (lw.attn_norm, lw.ffn_norm),
-                    lw.wqkv,
-                    lw.wo,
-                    (lw.w_gate, lw.w_up, lw.w_down),
-                    lw.bqkv,
-                    shape,
-                    cfg.norm_eps,
+                    norms, lw.wqkv, lw.wo, (lw.w_gate, lw.w_up, lw.w_down), biases, (*self._rope_shape, *flags), consts
                 )  # fmt: skip
             )
         return layers
@@ -355,10 +320,6 @@ class Model:
         if b is not None:
             y += b
         return y
-
-    def _qkv(self, h: np.ndarray, lw: LayerWeights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        biases = lw.bqkv or (None,) * len(lw.wqkv)
-        return split_qkv(self.cfg, [self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)])
 
 
 class Session:
@@ -404,7 +365,16 @@ class Session:
         return np.concatenate(parts, axis=0)
 
     def truncate(self, n: int) -> None:
-        """Forget every position from n on (their cache slots are overwritten by later evals)."""
+        """Forget every position from n on (their cache slots are overwritten by later evals).
+
+        Where sliding-window rings have lost keys that position n would read (the forgotten tokens overwrote
+        them), the n kept tokens are evaluated again, as llama.cpp re-processes a prompt its SWA cache lacks.
+        """
         if not 0 <= n <= self.n_past:
             raise SettingsError(f"cannot truncate a session of {self.n_past} tokens to {n}")
         del self.tokens[n:]
+        cache = self.cache
+        if cache.ring_rows is not None and n > 0 and max(0, n - cache.window + 1) < cache.low:
+            kept, self.tokens = self.tokens, []
+            cache.low = 0
+            self.eval(kept)

@@ -17,13 +17,17 @@ from .kernels import SUPPORTED_TYPES, WeightMatrix, dequantize
 class LayerWeights:
     attn_norm: np.ndarray  # (d,)
     attn_norm_b: np.ndarray | None  # (d,) LayerNorm only
-    wqkv: tuple[WeightMatrix, ...]  # (wq, wk, wv) or (fused,) when the file stores attn_qkv
-    bqkv: tuple[np.ndarray, ...] | None  # biases matching wqkv
+    wqkv: tuple[WeightMatrix, WeightMatrix, WeightMatrix]  # wq, wk, wv; a file's fused attn_qkv is split in three
+    bqkv: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # biases matching wqkv
+    q_norm: np.ndarray | None  # (head_dim,) per-head RMSNorm of q and k before RoPE (qk_norm families)
+    k_norm: np.ndarray | None
+    post_attn_norm: np.ndarray | None  # (d,) norms of each branch's output before the residual (post_norms)
+    post_ffn_norm: np.ndarray | None
     wo: WeightMatrix  # (d, n_head·head_dim)
     bo: np.ndarray | None
     ffn_norm: np.ndarray
     ffn_norm_b: np.ndarray | None
-    w_gate: WeightMatrix | None  # (d_ff, d) SwiGLU only
+    w_gate: WeightMatrix | None  # (d_ff, d) gated FFNs only
     w_up: WeightMatrix  # (d_ff, d)
     b_up: np.ndarray | None
     w_down: WeightMatrix  # (d, d_ff)
@@ -45,8 +49,21 @@ def _fmt(shape: tuple[int, ...]) -> str:
     return "×".join(str(n) for n in shape)
 
 
+# Tensors of features we do not run: a file holding one is refused by name rather than run without it.
+_UNSUPPORTED_TENSORS = {
+    "_exps.": "mixture-of-experts tensors",
+    "ffn_gate_inp.": "mixture-of-experts tensors",
+    "rope_factors_long.": "LongRoPE rope scaling",
+    "rope_factors_short.": "LongRoPE rope scaling",
+}
+
+
 def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     """Every tensor the architecture needs is present, with the right shape and a type we can run."""
+    for name in file.tensors:
+        for part, feature in _UNSUPPORTED_TENSORS.items():
+            if part in name:
+                raise UnsupportedModelError(f"tensor {name}: {feature} are not supported")
     for name, (shape, required) in cfg.expected_tensors().items():
         t = file.tensors.get(name)
         if t is None:
@@ -70,6 +87,15 @@ def _matrix(t: TensorEntry) -> WeightMatrix:
     return WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
 
 
+def _split_rows(w: WeightMatrix, sizes: tuple[int, ...]) -> tuple[WeightMatrix, ...]:
+    """W's row blocks of the given sizes, as views of its data: a fused attn_qkv as q, k, v."""
+    out, r0 = [], 0
+    for part, rows in zip("qkv", sizes, strict=True):
+        out.append(WeightMatrix(f"{w.name}[{part}]", w.ggml_type, rows, w.cols, w.data[r0 : r0 + rows]))
+        r0 += rows
+    return tuple(out)
+
+
 def _vector(t: TensorEntry | None) -> np.ndarray | None:
     """Small 1-D tensors (norms, biases) as float32."""
     if t is None:
@@ -81,12 +107,16 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
     """Views into the mapped file; only norms and biases are copied (as float32)."""
     check_tensors(file, cfg)
     ts = file.tensors
+    sizes = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim)
     layers = []
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
-        if cfg.spec.fused_qkv:
-            wqkv = (_matrix(ts[p + "attn_qkv.weight"]),)
-            bqkv = (_vector(ts[p + "attn_qkv.bias"]),) if cfg.spec.qkv_bias else None
+        if cfg.spec.fused_qkv:  # rows [q; k; v]
+            wqkv = _split_rows(_matrix(ts[p + "attn_qkv.weight"]), sizes)
+            bqkv = None
+            if cfg.spec.qkv_bias:
+                b = _vector(ts[p + "attn_qkv.bias"])
+                bqkv = (b[: sizes[0]], b[sizes[0] : sizes[0] + sizes[1]], b[sizes[0] + sizes[1] :])
         else:
             wqkv = tuple(_matrix(ts[p + f"attn_{x}.weight"]) for x in "qkv")
             bqkv = tuple(_vector(ts[p + f"attn_{x}.bias"]) for x in "qkv") if cfg.spec.qkv_bias else None
@@ -96,11 +126,15 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
                 attn_norm_b=_vector(ts.get(p + "attn_norm.bias")),
                 wqkv=wqkv,
                 bqkv=bqkv,
+                q_norm=_vector(ts.get(p + "attn_q_norm.weight")),
+                k_norm=_vector(ts.get(p + "attn_k_norm.weight")),
+                post_attn_norm=_vector(ts.get(p + "post_attention_norm.weight")),
+                post_ffn_norm=_vector(ts.get(p + "post_ffw_norm.weight")),
                 wo=_matrix(ts[p + "attn_output.weight"]),
                 bo=_vector(ts.get(p + "attn_output.bias")),
                 ffn_norm=_vector(ts[p + "ffn_norm.weight"]),
                 ffn_norm_b=_vector(ts.get(p + "ffn_norm.bias")),
-                w_gate=_matrix(ts[p + "ffn_gate.weight"]) if cfg.spec.ffn == "swiglu" else None,
+                w_gate=_matrix(ts[p + "ffn_gate.weight"]) if cfg.spec.ffn != "gelu" else None,
                 w_up=_matrix(ts[p + "ffn_up.weight"]),
                 b_up=_vector(ts.get(p + "ffn_up.bias")),
                 w_down=_matrix(ts[p + "ffn_down.weight"]),

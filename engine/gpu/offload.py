@@ -1,8 +1,9 @@
 """The offload: layers [0, n_layers) and optionally the output head on a device (engine.model.Offload).
 
-The same per-layer forward pass as engine/model.py, top to bottom, on arrays of `backend.xp`: norm -> q, k, v
--> RoPE -> attention over the device-resident KV cache -> residual -> norm -> FFN -> residual. Activations cross
-from and to the CPU as NumPy arrays (t × d floats per call); weights and the cache stay on the device.
+The same per-layer forward pass as engine/model.py, top to bottom, on arrays of `backend.xp`, reading the same
+config (the family's description): norm -> q, k, v [-> q/k norm] -> RoPE -> attention over the device-resident
+KV cache [-> post-norm] -> residual -> norm -> FFN [-> post-norm] -> residual. Activations cross from and to the
+CPU as NumPy arrays (t × d floats per call); weights and the cache stay on the device.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
-from ..model import rope_tables, split_qkv
+from ..model import rope_tables
 from ..weights import LayerWeights, Weights
 from . import ops
 from .backend import Backend, DeviceError
@@ -28,8 +29,12 @@ class DeviceLayer:
 
     attn_norm: Array  # (d,)
     attn_norm_b: Array | None
-    wqkv: tuple[DeviceMatrix, ...]  # (wq, wk, wv) or (fused,)
-    bqkv: tuple[Array, ...] | None
+    wqkv: tuple[DeviceMatrix, DeviceMatrix, DeviceMatrix]  # wq, wk, wv
+    bqkv: tuple[Array, Array, Array] | None
+    q_norm: Array | None  # (head_dim,)
+    k_norm: Array | None
+    post_attn_norm: Array | None  # (d,)
+    post_ffn_norm: Array | None
     wo: DeviceMatrix  # (d, n_head·head_dim)
     bo: Array | None
     ffn_norm: Array
@@ -50,19 +55,19 @@ class DeviceCache:
 
     def __init__(self, backend: Backend, cfg: ModelConfig, n_layers: int, n_ctx: int):
         xp = backend.xp
-        shape = (n_layers, cfg.n_kv_head, n_ctx, cfg.head_dim)  # (layer, kv head, position, hd)
-        self.k = xp.zeros(shape, dtype=xp.float16)
-        self.v = xp.zeros(shape, dtype=xp.float16)
+        shapes = [(cfg.n_kv_head, cfg.cache_rows(li, n_ctx), cfg.head_dim) for li in range(n_layers)]
+        self.k = [xp.zeros(shape, dtype=xp.float16) for shape in shapes]  # per layer (kv head, row, hd)
+        self.v = [xp.zeros(shape, dtype=xp.float16) for shape in shapes]
         self.n_ctx = n_ctx
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        return int(sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v))
 
 
 def cache_bytes(cfg: ModelConfig, n_layers: int, n_ctx: int) -> int:
     """Device memory of one DeviceCache."""
-    return 2 * 2 * n_layers * cfg.n_kv_head * n_ctx * cfg.head_dim
+    return 2 * 2 * cfg.n_kv_head * cfg.head_dim * sum(cfg.cache_rows(li, n_ctx) for li in range(n_layers))
 
 
 class DeviceOffload:
@@ -83,10 +88,15 @@ class DeviceOffload:
         self.output_norm = xp.asarray(weights.output_norm) if runs_output else None
         self.output_norm_b = self._vector(weights.output_norm_b) if runs_output else None
         self.output_w = DeviceMatrix.upload(xp, weights.output) if runs_output else None
-        self._cos = self._sin = None
+        self._rope: list[tuple[Array, Array] | None] = [None] * n_layers  # per layer: (cos, sin) (n_ctx, rope_dim/2)
         if cfg.spec.positions == "rope":
-            cos, sin = rope_tables(cfg, max(n_ctx, 1), weights.rope_freqs)  # (n_ctx, rope_dim/2) each
-            self._cos, self._sin = xp.asarray(cos), xp.asarray(sin)
+            tables = {}
+            for li in range(n_layers):
+                local = cfg.local[li] and cfg.rope_base_local != cfg.rope_base
+                if local not in tables:
+                    cos, sin = rope_tables(cfg, max(n_ctx, 1), weights.rope_freqs, local=local)
+                    tables[local] = (xp.asarray(cos), xp.asarray(sin))
+                self._rope[li] = tables[local]
 
     # -- set-up --------------------------------------------------------------------------------------------
 
@@ -119,6 +129,10 @@ class DeviceOffload:
             attn_norm_b=self._vector(lw.attn_norm_b),
             wqkv=tuple(mat(w) for w in lw.wqkv),
             bqkv=tuple(self._vector(b) for b in lw.bqkv) if lw.bqkv is not None else None,
+            q_norm=self._vector(lw.q_norm),
+            k_norm=self._vector(lw.k_norm),
+            post_attn_norm=self._vector(lw.post_attn_norm),
+            post_ffn_norm=self._vector(lw.post_ffn_norm),
             wo=mat(lw.wo),
             bo=self._vector(lw.bo),
             ffn_norm=xp.asarray(lw.ffn_norm),
@@ -151,26 +165,48 @@ class DeviceOffload:
         if end > cache.n_ctx:
             raise ValueError(f"positions up to {end} do not fit a device cache of {cache.n_ctx}")
         x = xp.array(x, dtype=xp.float32)  # (t, d), a copy: the caller's array is never written
+        hd, eps = cfg.head_dim, cfg.norm_eps
         for li, lw in enumerate(self.layers):
             h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
-            q, k, v = self._qkv(h, lw)  # (t, n_head, hd), (t, n_kv, hd), (t, n_kv, hd)
-            if cfg.spec.positions == "rope":
-                cos, sin = self._cos[start:end], self._sin[start:end]  # (t, rope_dim/2)
+            biases = lw.bqkv or (None, None, None)
+            q, k, v = (self._bias(matmul(xp, m, h), b) for m, b in zip(lw.wqkv, biases, strict=True))
+            q = q.reshape(t, cfg.n_head, hd)  # (t, n_head, hd)
+            k = k.reshape(t, cfg.n_kv_head, hd)  # (t, n_kv, hd)
+            v = v.reshape(t, cfg.n_kv_head, hd)
+            if lw.q_norm is not None:  # per head, before RoPE
+                q = ops.rms_norm(xp, q, lw.q_norm, eps)
+                k = ops.rms_norm(xp, k, lw.k_norm, eps)
+            if self._rope[li] is not None:
+                cos, sin = (a[start:end] for a in self._rope[li])  # (t, rope_dim/2)
                 q = ops.apply_rope(xp, q, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
                 k = ops.apply_rope(xp, k, cos, sin, cfg.rope_dim, cfg.spec.rope_neox)
-            # Storing into the float16 cache is model.py's half_round of k and v.
-            cache.k[li, :, start:end] = k.transpose(1, 0, 2)  # (n_kv, t, hd)
-            cache.v[li, :, start:end] = v.transpose(1, 0, 2)
-            keys = cache.k[li, :, :end].astype(xp.float32)  # (n_kv, end, hd)
-            values = cache.v[li, :, :end].astype(xp.float32)
-            a = ops.attention(xp, ops.half_round(xp, q), keys, values, start)  # (t, n_head·hd)
-            x += self._bias(matmul(xp, lw.wo, a), lw.bo)
+            # Storing into the float16 cache is model.py's half_round of k and v; a ring keeps row p % rows.
+            kc, vc = cache.k[li], cache.v[li]  # (n_kv, rows, hd)
+            window = cfg.window(li)
+            lo = max(0, start - window + 1) if window else 0  # the oldest key these queries see
+            store = xp.arange(start, end) % kc.shape[1]
+            kc[:, store] = k.transpose(1, 0, 2)  # (n_kv, t, hd)
+            vc[:, store] = v.transpose(1, 0, 2)
+            read = xp.arange(lo, end) % kc.shape[1]  # rows of positions lo..end-1, in order
+            keys = kc[:, read].astype(xp.float32)  # (n_kv, end - lo, hd)
+            values = vc[:, read].astype(xp.float32)
+            q = ops.half_round(xp, q)
+            a = ops.attention(xp, q, keys, values, start, lo, cfg.attn_scale, window, cfg.attn_softcap)
+            o = self._bias(matmul(xp, lw.wo, a), lw.bo)  # (t, d)
+            if lw.post_attn_norm is not None:
+                o = ops.rms_norm(xp, o, lw.post_attn_norm, eps)
+            x += o
             h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
-            if lw.w_gate is not None:
+            if cfg.spec.ffn == "swiglu":
                 h = ops.silu(xp, matmul(xp, lw.w_gate, h)) * matmul(xp, lw.w_up, h)  # (t, d_ff)
+            elif cfg.spec.ffn == "geglu":
+                h = ops.geglu(xp, matmul(xp, lw.w_gate, h), matmul(xp, lw.w_up, h))  # (t, d_ff)
             else:
                 h = ops.gelu(xp, self._bias(matmul(xp, lw.w_up, h), lw.b_up))
-            x += self._bias(matmul(xp, lw.w_down, h), lw.b_down)
+            f = self._bias(matmul(xp, lw.w_down, h), lw.b_down)  # (t, d)
+            if lw.post_ffn_norm is not None:
+                f = ops.rms_norm(xp, f, lw.post_ffn_norm, eps)
+            x += f
         return self.backend.to_host(x)
 
     def output(self, x: np.ndarray) -> np.ndarray:
@@ -179,7 +215,10 @@ class DeviceOffload:
             raise ValueError("the output head is not offloaded")
         xp = self.backend.xp
         h = self._norm(xp.asarray(x, dtype=xp.float32), self.output_norm, self.output_norm_b)  # (t, d)
-        return self.backend.to_host(matmul(xp, self.output_w, h))  # (t, n_vocab)
+        logits = matmul(xp, self.output_w, h)  # (t, n_vocab)
+        if self.cfg.final_softcap:
+            logits = ops.soft_cap(xp, logits, self.cfg.final_softcap)
+        return self.backend.to_host(logits)
 
     # -- pieces --------------------------------------------------------------------------------------------
 
@@ -194,8 +233,3 @@ class DeviceOffload:
         if b is not None:
             y += b
         return y
-
-    def _qkv(self, h: Array, lw: DeviceLayer) -> tuple[Array, Array, Array]:
-        xp = self.backend.xp
-        biases = lw.bqkv or (None,) * len(lw.wqkv)
-        return split_qkv(self.cfg, [self._bias(matmul(xp, m, h), b) for m, b in zip(lw.wqkv, biases, strict=True)])

@@ -36,8 +36,22 @@ def silu(xp: ModuleType, x: Array) -> Array:
 
 
 def gelu(xp: ModuleType, x: Array) -> Array:
-    # The tanh approximation, as GPT-2 and ggml use.
+    # The tanh approximation, as ggml uses.
     return 0.5 * x * (1.0 + xp.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def geglu(xp: ModuleType, gate: Array, up: Array) -> Array:
+    """gelu(gate) * up as ggml's CPU backend rounds it (engine.kernels.attention.gelu_half): gate rounded to
+    float16, its GELU rounded to float16; 0 below -10 and gate itself above 10."""
+    g = half_round(xp, gate)
+    y = half_round(xp, gelu(xp, g))
+    y = xp.where(gate <= -10.0, np.float32(0.0), xp.where(gate >= 10.0, gate, y))
+    return y * up
+
+
+def soft_cap(xp: ModuleType, x: Array, cap: float) -> Array:
+    """cap · tanh(x / cap)."""
+    return np.float32(cap) * xp.tanh(x / np.float32(cap))
 
 
 def apply_rope(xp: ModuleType, x: Array, cos: Array, sin: Array, rope_dim: int, neox: bool) -> Array:
@@ -58,21 +72,32 @@ def apply_rope(xp: ModuleType, x: Array, cos: Array, sin: Array, rope_dim: int, 
     return out
 
 
-def attention(xp: ModuleType, q: Array, k: Array, v: Array, start: int) -> Array:
-    """Causal attention of t new queries over T = start + t cached positions.
+def attention(
+    xp: ModuleType, q: Array, k: Array, v: Array, start: int, lo: int = 0,
+    scale: float | None = None, window: int = 0, softcap: float = 0.0,
+) -> Array:  # fmt: skip
+    """Causal attention of t new queries at positions start.. over the keys at positions lo..start + t - 1.
 
-    q (t, n_head, hd); k, v (n_kv, T, hd) -> (t, n_head·hd). Query head h reads kv head h // (n_head/n_kv).
+    q (t, n_head, hd); k, v (n_kv, T, hd), T = start + t - lo -> (t, n_head·hd). Scores are scale · q·k
+    (default 1/√hd), soft-capped when softcap > 0; a query sees keys up to its own position, and only the
+    last `window` of them when window > 0. Query head h reads kv head h // (n_head/n_kv).
     """
     t, n_head, hd = q.shape
     n_kv, n_pos, _ = k.shape
     group = n_head // n_kv
     qg = q.transpose(1, 0, 2).reshape(n_kv, group * t, hd)  # (n_kv, group·t, hd)
     scores = xp.matmul(qg, k.transpose(0, 2, 1))  # (n_kv, group·t, T)
-    scores *= np.float32(1.0 / np.sqrt(hd))
-    if t > 1:
+    scores *= np.float32(1.0 / np.sqrt(hd) if scale is None else scale)
+    if softcap > 0:
+        scores = soft_cap(xp, scores, softcap)
+    key_pos = xp.arange(lo, lo + n_pos)[None, :]  # (1, T)
+    query_pos = xp.arange(start, start + t)[:, None]  # (t, 1)
+    hidden = key_pos > query_pos  # (t, T)
+    if window > 0:
+        hidden = hidden | (key_pos <= query_pos - window)
+    if bool(hidden.any()):
         scores = scores.reshape(n_kv, group, t, n_pos)
-        future = xp.triu(xp.ones((t, n_pos), dtype=bool), k=start + 1)  # query i sees keys <= start + i
-        scores = xp.where(future, np.float32(-np.inf), scores).reshape(n_kv, group * t, n_pos)
+        scores = xp.where(hidden, np.float32(-np.inf), scores).reshape(n_kv, group * t, n_pos)
     scores -= scores.max(axis=-1, keepdims=True)
     xp.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)

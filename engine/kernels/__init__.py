@@ -362,44 +362,47 @@ _NO_BIAS = np.zeros(0, dtype=np.float32)
 
 
 class DecodeLayer:
-    """One RMSNorm/RoPE/SwiGLU layer's arguments for `decode.layer`, the one-call path of a single token.
+    """One layer's arguments for `decode.layer`, the one-call path of a single token, for any family: the
+    family's choices come in as arrays (empty where absent) and flags, built by the model from its config.
 
     Built only when every product of the layer has a packed or 16-bit float kernel (`fits`); the forward pass
-    uses the reference NumPy path otherwise, and whenever `float_products()` is in force.
+    uses the per-op path otherwise, and whenever `float_products()` is in force.
     """
 
     def __init__(
         self,
-        norms: tuple[np.ndarray, np.ndarray],
+        norms: Sequence[np.ndarray | None],  # attn, attn bias, ffn, ffn bias, q, k, post-attention, post-FFN
         wqkv: tuple[WeightMatrix, WeightMatrix, WeightMatrix],
         wo: WeightMatrix,
-        ffn: tuple[WeightMatrix, WeightMatrix, WeightMatrix],  # gate, up, down
-        bqkv: tuple[np.ndarray, ...] | None,
-        shape: tuple[int, int, int, int, bool],  # n_head, n_kv, head_dim, rope_dim, neox
-        eps: float,
+        ffn: tuple[WeightMatrix | None, WeightMatrix, WeightMatrix],  # gate (None: ungated), up, down
+        biases: Sequence[np.ndarray | None],  # q, k, v, output, up, down
+        shape: tuple[int, ...],  # n_head, n_kv, head_dim, rope_dim, neox, ffn kind, layer norm, window
+        consts: tuple[float, float, float],  # norm eps, attention scale, attention soft-cap (0: none)
     ):
-        f32 = [np.ascontiguousarray(n, dtype=np.float32) for n in norms]
-        self._norms = (f32[0], f32[1])
+        def f32(a: np.ndarray | None) -> np.ndarray:
+            return _NO_BIAS if a is None else np.ascontiguousarray(a, dtype=np.float32)
+
+        self._norms = tuple(f32(n) for n in norms)
         self._wqkv = tuple(_decode_args(w) for w in wqkv)
         self._wo = _decode_args(wo)
-        self._ffn = tuple(_decode_args(w) for w in ffn)
-        biases = bqkv or (_NO_BIAS,) * 3
-        self._biases = tuple(np.ascontiguousarray(b, dtype=np.float32) for b in biases)
-        self._shape = (*shape[:4], int(shape[4]), ffn[2].cols)
-        self._eps = float(eps)
+        gate, up, down = ffn
+        self._ffn = (_decode_args(gate if gate is not None else up), _decode_args(up), _decode_args(down))
+        self._biases = tuple(f32(b) for b in biases)
+        n_head, n_kv, hd, rope_dim, neox, ffn_kind, layer_norm, window = (int(v) for v in shape)
+        self._shape = (n_head, n_kv, hd, rope_dim, neox, down.cols, ffn_kind, layer_norm, window)
+        self._consts = tuple(float(c) for c in consts)
 
     @staticmethod
-    def fits(weights: Sequence[WeightMatrix]) -> bool:
-        return all(w.ggml_type in PACKED_TYPES or w.ggml_type in _HALF_TYPES for w in weights)
+    def fits(weights: Sequence[WeightMatrix | None]) -> bool:
+        return all(w is None or w.ggml_type in PACKED_TYPES or w.ggml_type in _HALF_TYPES for w in weights)
 
     def __call__(
         self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray
     ) -> None:
-        """x (d,) float32 in place; kc, vc (n_kv, n_ctx, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
+        """x (d,) float32 in place; kc, vc (n_kv, rows, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
         decode.layer(
             x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
-            vc.view(np.uint16), cos, sin,
-            self._shape, self._eps, PARALLEL_MIN_BYTES,
+            vc.view(np.uint16), cos, sin, self._shape, self._consts, PARALLEL_MIN_BYTES,
         )  # fmt: skip
 
 
@@ -416,8 +419,9 @@ def rope_into_cache(
     cos: np.ndarray, sin: np.ndarray, shape: tuple[int, int, int, int, bool],
 ) -> None:  # fmt: skip
     """Rotate a prompt's q (t, n_head·hd) and k (t, n_kv·hd) in place, round q to float16 values, and write k
-    and v (t, n_kv·hd) into the float16 cache kc, vc (n_kv, n_ctx, hd) at positions start..: the decode
-    layer's arithmetic, row by row in parallel. cos, sin (t, rope_dim/2); shape (n_head, n_kv, hd, rope_dim, neox).
+    and v (t, n_kv·hd) into the float16 cache kc, vc (n_kv, rows, hd) at positions start.. (row p % rows): the
+    decode layer's arithmetic, row by row in parallel. cos, sin (t, rope_dim/2); shape (n_head, n_kv, hd,
+    rope_dim, neox); rope_dim 0 rotates nothing.
     """
     n_head, n_kv, hd, rope_dim, neox = shape
     decode.rope_into_cache(
@@ -434,18 +438,34 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return out
 
 
-def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
-    """Queries at positions start.. over the cache up to each one's own position.
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up as ggml rounds it (attention.gelu_half), gate, up (t, d_ff) float32 -> (t, d_ff)."""
+    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    up = np.ascontiguousarray(up, dtype=np.float32)
+    out = np.empty_like(gate)
+    attention.geglu(gate, up, out)
+    return out
 
-    q (t, n_head, hd); kc, vc (n_kv, n_ctx, hd) float16 -> (t, n_head·hd) float32. Query head h reads kv
-    head h // (n_head / n_kv). Blocks of queries run in parallel, each with single-threaded BLAS products
-    (attention.attend_causal); without a usable BLAS sgemm, the same arithmetic runs here in NumPy.
+
+def causal_attention(
+    q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
+    scale: float | None = None, window: int = 0, softcap: float = 0.0,
+) -> np.ndarray:  # fmt: skip
+    """Queries at positions start.. over the cached keys each one sees: up to its own position, and within
+    the last `window` positions when window > 0.
+
+    q (t, n_head, hd); kc, vc (n_kv, rows, hd) float16, position p in row p % rows -> (t, n_head·hd) float32.
+    Scores are scale · q·k (default 1/√hd), soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h
+    reads kv head h // (n_head / n_kv). Blocks of queries run in parallel, each with single-threaded BLAS
+    products (attention.attend_causal); without a usable BLAS sgemm, the same arithmetic runs here in NumPy.
     """
     t, n_head, hd = q.shape
     q = np.ascontiguousarray(q, dtype=np.float32)
+    scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
     if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
+    kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
         out = np.empty((1, n_head * hd), dtype=np.float32)
-        attention.attend_one(q.reshape(-1), kc.view(np.uint16), vc.view(np.uint16), start + 1, n_head, out[0])
+        attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, out[0])
         return out
     fn = blas_sgemm_address()
     if fn:
@@ -453,17 +473,18 @@ def causal_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) 
         from numba import get_num_threads  # noqa: PLC0415 (after the OpenMP settings above)
 
         threads = get_num_threads()
-        attention.attend_causal(fn, q, kc.view(np.uint16), vc.view(np.uint16), start, threads, out)
+        attention.attend_causal(fn, q, kc16, vc16, start, scale, window, softcap, threads, out)
         return out
     n_kv = kc.shape[0]
     group = n_head // n_kv
-    n_pos = start + t
+    lo = max(0, start - window + 1) if window > 0 else 0  # the oldest key any of these queries sees
+    rows = np.arange(lo, start + t) % kc.shape[1]  # (n_keys,) cache rows in position order
     qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(n_kv, group * t, hd)  # rows (g, i) per kv head
     out = np.empty((n_kv, group * t, hd), dtype=np.float32)  # (n_kv, group·t, hd)
     for kv in range(n_kv):
-        scores = np.matmul(qg[kv], kc[kv, :n_pos].astype(np.float32).T)  # (group·t, n_pos)
-        attention.causal_softmax(scores, 0, t, start, np.float32(1.0 / np.sqrt(hd)))
-        np.matmul(scores, vc[kv, :n_pos].astype(np.float32), out=out[kv])
+        scores = np.matmul(qg[kv], kc[kv, rows].astype(np.float32).T)  # (group·t, n_keys)
+        attention.causal_softmax(scores, 0, t, start, lo, scale, window, softcap)
+        np.matmul(scores, vc[kv, rows].astype(np.float32), out=out[kv])
     return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
 
 

@@ -1,7 +1,10 @@
 """Attention over the KV cache, compiled: one query per head (decode), and blocks of queries (prefill), whose
 two products go to BLAS's sgemm, called from the parallel loop so that both cores run one block each.
 
-The SwiGLU activation lives here too, beside the exp it shares with the softmax.
+The gated activations (SwiGLU, GeGLU) live here too, beside the exp and tanh they share with the softmax.
+
+Every attention kernel takes the layer's description as arguments: the score scale, a sliding window (0: none)
+and a soft-cap (0: none). A cache of fewer rows than positions is a ring: position p lives in row p % rows.
 
 Numerics follow model.attention (the NumPy reference) up to summation order and an exp that is within 1e-7
 relative of the exact one, so results agree to float32 rounding, not bit for bit.
@@ -84,27 +87,69 @@ def swiglu(gate, up, out):
             out[i, j] = silu(gate[i, j]) * up[i, j]
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def attend_one(q, kc, vc, n_pos, n_head, out):
-    """One query per head over the first n_pos cached positions.
+@njit(inline="always", cache=True, nogil=True)
+def gelu_half(g):
+    """GELU (tanh form) as ggml's CPU backend computes it: 0 below -10, g above 10, else its table of float16
+    results at g rounded to float16 (GGML_GELU_FP16), so that a gated FFN rounds as llama.cpp's does."""
+    if g <= np.float32(-10.0):
+        return np.float32(0.0)
+    if g >= np.float32(10.0):
+        return g
+    x = half_to_float(float_to_half(g))
+    y = (
+        np.float32(0.5)
+        * x
+        * (np.float32(1.0) + np.tanh(np.float32(0.7978845608) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)))
+    )
+    return half_to_float(float_to_half(y))
 
-    q (n_head·hd,); kc, vc (n_kv, n_ctx, hd) float16 bit patterns (uint16) -> out (n_head·hd,). Query head h
-    reads kv head h // (n_head/n_kv); the heads sharing a kv head are done together, so each cached row is
-    read once.
+
+@njit(parallel=True, cache=True, nogil=True)
+def geglu(gate, up, out):
+    """out (t, d_ff) = gelu_half(gate) * up, rows in parallel."""
+    for i in prange(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            out[i, j] = gelu_half(gate[i, j]) * up[i, j]
+
+
+@njit(inline="always", cache=True, nogil=True)
+def soft_cap(s, cap):
+    """cap · tanh(s / cap): scores squashed into (-cap, cap)."""
+    return cap * np.tanh(s / cap)
+
+
+@njit(inline="always", cache=True, nogil=True)
+def first_key(pos, window):
+    """The oldest position a query at `pos` sees: pos - window + 1 in a sliding window, else 0."""
+    return max(0, pos - window + 1) if window > 0 else 0
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, out):
+    """One query per head, at position pos, over the cached positions it sees (first_key(pos, window)..pos).
+
+    q (n_head·hd,); kc, vc (n_kv, rows, hd) float16 bit patterns (uint16), position p in row p % rows ->
+    out (n_head·hd,). Scores are scale · q·k, soft-capped when softcap > 0. Query head h reads kv head
+    h // (n_head/n_kv); the heads sharing a kv head are done together, so each cached row is read once.
     """
-    n_kv, _, hd = kc.shape
+    n_kv, rows, hd = kc.shape
     group = n_head // n_kv
-    scale = np.float32(1.0 / np.sqrt(hd))
+    lo = first_key(pos, window)
+    n_pos = pos + 1 - lo
+    scale = np.float32(scale)
+    cap = np.float32(softcap)
     scores = np.empty((group, n_pos), dtype=np.float32)  # (group, n_pos)
     acc = np.empty((group, hd), dtype=np.float32)  # (group, hd)
     for kv in range(n_kv):
         h0 = kv * group
         for p in range(n_pos):
+            row = (lo + p) % rows
             for g in range(group):
                 s = np.float32(0.0)
                 for i in range(hd):
-                    s += q[(h0 + g) * hd + i] * half_to_float(kc[kv, p, i])
-                scores[g, p] = s * scale
+                    s += q[(h0 + g) * hd + i] * half_to_float(kc[kv, row, i])
+                s *= scale
+                scores[g, p] = soft_cap(s, cap) if cap > 0 else s
         for g in range(group):  # softmax over positions
             top = np.float32(-np.inf)
             for p in range(n_pos):
@@ -119,51 +164,65 @@ def attend_one(q, kc, vc, n_pos, n_head, out):
                 scores[g, p] *= inv
         acc[:] = 0.0
         for p in range(n_pos):
+            row = (lo + p) % rows
             for g in range(group):
                 wp = scores[g, p]
                 for i in range(hd):
-                    acc[g, i] += wp * half_to_float(vc[kv, p, i])
+                    acc[g, i] += wp * half_to_float(vc[kv, row, i])
         for g in range(group):
             for i in range(hd):
                 out[(h0 + g) * hd + i] = acc[g, i]
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath=True)
-def _row_max(row, n):
-    """max(row[:n]), n >= 1. Seeded with row[0] rather than -inf, so that the fast-math reduction (which
-    assumes finite values) vectorizes; the scores are finite products of finite cache entries."""
-    top = row[0]
-    for p in range(1, n):
+def _row_max(row, first, last):
+    """max(row[first:last]), last > first. Seeded with row[first] rather than -inf, so that the fast-math
+    reduction (which assumes finite values) vectorizes; the scores are finite products of finite cache entries."""
+    top = row[first]
+    for p in range(first + 1, last):
         top = max(top, row[p])
     return top
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def causal_exp(scores, r0, t, start, scale, inv_total):
-    """scores (rows, T) in place -> exp(scale · (s - max s)) over the positions each row sees, 0 beyond, and
-    inv_total (rows,) = 1 / the sum of each row: softmax(scale · scores) = scores · inv_total[:, None], which
-    the caller applies to the (smaller) product with the values instead. Row r is query (r0 + r) % t, at
-    position start + that (rows run over heads, then queries); it sees positions up to its own. scale > 0."""
-    rows, n_pos = scores.shape
+def causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total):
+    """scores (rows, K) in place -> exp(s' - max s') over the keys each row sees, 0 elsewhere, with
+    s' = scale · s (soft-capped when softcap > 0), and inv_total (rows,) = 1 / the sum of each row:
+    softmax(s') = scores · inv_total[:, None], which the caller applies to the (smaller) product with the
+    values instead. Column j is the key at position lo + j. Row r is query (r0 + r) % t, at position start +
+    that (rows run over heads, then queries); it sees keys first_key(its position, window) up to its own."""
+    rows, n_keys = scores.shape
+    scale = np.float32(scale)
+    cap = np.float32(softcap)
     for r in range(rows):
-        last = start + (r0 + r) % t + 1  # positions this query sees
+        pos = start + (r0 + r) % t
+        first = first_key(pos, window) - lo
+        last = pos - lo + 1
         row = scores[r]
-        top = _row_max(row, last)
+        if cap > 0:
+            for p in range(first, last):
+                row[p] = soft_cap(row[p] * scale, cap)
+            step = np.float32(1.0)
+        else:
+            step = scale
+        top = _row_max(row, first, last)
         total = np.float32(0.0)
-        for p in range(last):
-            e = exp_nonpositive((row[p] - top) * scale)
+        for p in range(first, last):
+            e = exp_nonpositive((row[p] - top) * step)
             row[p] = e
             total += e
         inv_total[r] = np.float32(1.0) / total
-        for p in range(last, n_pos):
+        for p in range(first):
+            row[p] = 0.0
+        for p in range(last, n_keys):
             row[p] = 0.0
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def causal_softmax(scores, r0, t, start, scale):
-    """scores (rows, T) in place -> attention weights softmax(scale · scores), rows as in `causal_exp`."""
+def causal_softmax(scores, r0, t, start, lo, scale, window, softcap):
+    """scores (rows, K) in place -> attention weights softmax(s'), rows and columns as in `causal_exp`."""
     inv_total = np.empty(scores.shape[0], dtype=np.float32)
-    causal_exp(scores, r0, t, start, scale, inv_total)
+    causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
     for r in range(scores.shape[0]):
         scores[r] *= inv_total[r]
 
@@ -196,23 +255,23 @@ def sgemm(typingctx, fn, transpose_b, m, n, k, a, lda, b, ldb, c, ldc):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def attend_causal(sgemm_fn, q, kc, vc, start, n_threads, out):
-    """t queries at positions start.., each over the cache up to its own position.
+def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads, out):
+    """t queries at positions start.., each over the cached keys it sees (first_key(pos, window)..pos).
 
-    q (t, n_head, hd) float32; kc, vc (n_kv, n_ctx, hd) float16 bit patterns (uint16), holding positions
-    < start + t -> out (t, n_head·hd). The heads sharing a kv head make rows r = g·t + i (head g of the group,
-    query i); a parallel item is a block of one kv head's rows (n_threads blocks per head, so that
-    any number of kv heads shares evenly): its keys and
-    values in float32, scores = Q Kᵀ and out = P V by sgemm (at address sgemm_fn), the causal softmax between.
+    q (t, n_head, hd) float32; kc, vc (n_kv, cache_rows, hd) float16 bit patterns (uint16), position p in row
+    p % cache_rows, holding every position the queries see -> out (t, n_head·hd). The heads sharing a kv head
+    make rows r = g·t + i (head g of the group, query i); a parallel item is a block of one kv head's rows
+    (n_threads blocks per head, so that any number of kv heads shares evenly): its keys and values in float32,
+    in position order, scores = Q Kᵀ and out = P V by sgemm (at address sgemm_fn), the causal softmax between.
     """
     t, n_head, hd = q.shape
-    n_kv = kc.shape[0]
+    n_kv, cache_rows = kc.shape[0], kc.shape[1]
     group = n_head // n_kv
     rows = group * t
-    n_pos = start + t
+    lo = first_key(start, window)  # the oldest key any of these queries sees
+    n_pos = start + t - lo
     parts = max(n_threads, (rows * n_pos + _MAX_BLOCK_SCORES - 1) // _MAX_BLOCK_SCORES)
     step = (rows + parts - 1) // parts
-    scale = np.float32(1.0 / np.sqrt(hd))
     for item in prange(n_kv * parts):
         kv = item // parts
         r0 = (item % parts) * step
@@ -226,13 +285,14 @@ def attend_causal(sgemm_fn, q, kc, vc, start, n_threads, out):
         keys = np.empty((n_pos, hd), dtype=np.float32)  # (n_pos, hd)
         values = np.empty((n_pos, hd), dtype=np.float32)
         for p in range(n_pos):
+            row = (lo + p) % cache_rows
             for j in range(hd):
-                keys[p, j] = half_to_float(kc[kv, p, j])
-                values[p, j] = half_to_float(vc[kv, p, j])
+                keys[p, j] = half_to_float(kc[kv, row, j])
+                values[p, j] = half_to_float(vc[kv, row, j])
         scores = np.empty((m, n_pos), dtype=np.float32)  # (m, n_pos)
         sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
         inv_total = np.empty(m, dtype=np.float32)
-        causal_exp(scores, r0, t, start, scale, inv_total)
+        causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
         o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
         sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)
         for r in range(r0, r1):

@@ -1,11 +1,11 @@
 """One decode step of a transformer layer in a single compiled call: the fast path for one new token.
 
 The reference forward pass (model.py) runs each small operation -- norm, rope, attention over the cache,
-SwiGLU -- as NumPy calls, a few microseconds of dispatch each; at one token per call that overhead, some
-300 calls a token, costs as much as the matrix products themselves. `layer` does the same arithmetic for a
-pre-norm RMSNorm + RoPE + SwiGLU layer (llama, qwen2) in one call, with the same products as the kernel layer
-(packed.py for the quantized types, floats.py for F16 and BF16), so a token costs n_layer calls into compiled
-code.
+SwiGLU -- as separate calls, a few microseconds of dispatch each; at one token per call that overhead, some
+300 calls a token, costs as much as the matrix products themselves. `layer` does the same arithmetic for any
+family's layer in one call, the family's choices passed as arguments (norm kind, q/k norms, post-norms, FFN
+kind, RoPE, attention scale, sliding window, soft-cap), with the same products as the kernel layer (packed.py
+for the quantized types, floats.py for F16 and BF16), so a token costs n_layer calls into compiled code.
 
 A weight is passed as a tuple: (q, s, code) when packed, (w, bf16) when 16-bit floats; `product` picks the
 kernel from the tuple's type when the layer is compiled.
@@ -22,7 +22,10 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import floats, packed
-from .attention import attend_one, float_to_half, half_to_float, silu
+from .attention import attend_one, float_to_half, gelu_half, half_to_float, silu
+
+# FFN kinds, as `layer` takes them (engine/families.py names them).
+FFN_KINDS = {"swiglu": 0, "geglu": 1, "gelu": 2}
 
 
 @njit(cache=True, nogil=True)
@@ -41,6 +44,42 @@ def rms_norm(x, w, eps, out):
     scale = np.float32(1.0 / np.sqrt(ss / x.shape[0] + eps))
     for i in range(x.shape[0]):
         out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, nogil=True)
+def layer_norm(x, w, b, eps, out):
+    """out (d,) = (x - mean) / sqrt(var + eps) * w + b, the sums in float64."""
+    d = x.shape[0]
+    mu = 0.0
+    for i in range(d):
+        mu += np.float64(x[i])
+    mu /= d
+    ss = 0.0
+    for i in range(d):
+        c = np.float64(x[i]) - mu
+        ss += c * c
+    scale = np.float32(1.0 / np.sqrt(ss / d + eps))
+    m32 = np.float32(mu)
+    for i in range(d):
+        out[i] = (x[i] - m32) * scale * w[i] + b[i]
+
+
+@njit(cache=True, nogil=True)
+def head_norms(x, n_heads, head_dim, w, eps):
+    """RMSNorm of each head of x (n_heads·head_dim,) in place, weight w (head_dim,): the q/k norm."""
+    for h in range(n_heads):
+        part = x[h * head_dim : (h + 1) * head_dim]
+        rms_norm(part, w, eps, part)
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def gelu_tanh(g):
+    """GELU, tanh form, in float32: model.gelu's formula (the ungated FFN's)."""
+    return (
+        np.float32(0.5)
+        * g
+        * (np.float32(1.0) + np.tanh(np.float32(0.7978845608) * (g + np.float32(0.044715) * g * g * g)))
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -71,18 +110,20 @@ def rope_into_cache(q, k, v, start, cos, sin, shape, kc, vc):
     """A prompt's q, k, v as `layer` treats one token's, row i at position start + i.
 
     q (t, n_head·hd), in place: rotated and rounded to float16 values. k, v (t, n_kv·hd): k rotated (in
-    place), then both written to kc, vc (n_kv, n_ctx, hd) as float16 bit patterns. cos, sin (t, rope_dim/2);
-    shape: (n_head, n_kv, head_dim, rope_dim, neox).
+    place), then both written to kc, vc (n_kv, rows, hd) as float16 bit patterns, position p in row p % rows.
+    cos, sin (t, rope_dim/2); shape: (n_head, n_kv, head_dim, rope_dim, neox). rope_dim 0: no rotation.
     """
     n_head, n_kv, hd, rope_dim, neox = shape
+    rows = kc.shape[1]
     for i in prange(q.shape[0]):
         rope(q[i], n_head, hd, rope_dim, cos[i], sin[i], neox != 0)
         rope(k[i], n_kv, hd, rope_dim, cos[i], sin[i], neox != 0)
         round_to_half(q[i])
+        row = (start + i) % rows
         for j in range(n_kv):
             for c in range(hd):
-                kc[j, start + i, c] = float_to_half(k[i, j * hd + c])
-                vc[j, start + i, c] = float_to_half(v[i, j * hd + c])
+                kc[j, row, c] = float_to_half(k[i, j * hd + c])
+                vc[j, row, c] = float_to_half(v[i, j * hd + c])
 
 
 def product(w, x, out, parallel_min_bytes):
@@ -179,17 +220,29 @@ def add_bias(y, b):
 
 
 @njit(cache=True, nogil=True)
-def layer(
-    x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, cos, sin, shape, eps, parallel_min_bytes
-):
-    """x (d,) float32, in place: one token at position pos through a pre-norm RMSNorm/RoPE/SwiGLU layer.
+def norm_into(x, w, b, layer_norm_kind, eps, out):
+    """out = RMSNorm(x) · w, or LayerNorm(x) · w + b when layer_norm_kind."""
+    if layer_norm_kind:
+        layer_norm(x, w, b, eps, out)
+    else:
+        rms_norm(x, w, eps, out)
 
-    norms: (attn_norm, ffn_norm), each (d,). w*: weight tuples (module docstring). biases: (bq, bk, bv), empty
-    arrays when the layer has none. kc, vc (n_kv, n_ctx, hd): the layer's cache as float16 bit patterns
-    (uint16); position pos is written.
-    cos, sin (rope_dim/2,): this position's rotation. shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff).
+
+@njit(cache=True, nogil=True)
+def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, cos, sin, shape, consts,
+          parallel_min_bytes):  # fmt: skip
+    """x (d,) float32, in place: one token at position pos through one layer of any family.
+
+    norms: (attn_norm, attn_norm_b, ffn_norm, ffn_norm_b, q_norm, k_norm, post_attn_norm, post_ffn_norm),
+    (d,) or (head_dim,) each, empty arrays where the family has none. w*: weight tuples (module docstring);
+    w_gate is unused by the ungated FFN. biases: (bq, bk, bv, bo, b_up, b_down), empty where absent.
+    kc, vc (n_kv, rows, hd): the layer's cache as float16 bit patterns (uint16), position p in row p % rows;
+    position pos is written. cos, sin (rope_dim/2,): this position's rotation.
+    shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn kind (FFN_KINDS), layer norm, window).
+    consts: (norm eps, attention scale, attention soft-cap or 0).
     """
-    n_head, n_kv, hd, rope_dim, neox, d_ff = shape
+    n_head, n_kv, hd, rope_dim, neox, d_ff, ffn, layer_norm_kind, window = shape
+    eps, attn_scale, softcap = consts
     d = x.shape[0]
     h = np.empty(d, dtype=np.float32)
     q = np.empty(n_head * hd, dtype=np.float32)  # (n_head·hd,)
@@ -197,31 +250,51 @@ def layer(
     v = np.empty(n_kv * hd, dtype=np.float32)
 
     # attention
-    rms_norm(x, norms[0], eps, h)
+    norm_into(x, norms[0], norms[1], layer_norm_kind, eps, h)
     products3(wq, wk, wv, h, q, k, v, parallel_min_bytes)
     add_bias(q, biases[0])
     add_bias(k, biases[1])
     add_bias(v, biases[2])
+    if norms[4].shape[0]:
+        head_norms(q, n_head, hd, norms[4], eps)
+        head_norms(k, n_kv, hd, norms[5], eps)
     rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
     rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
     round_to_half(q)
+    row = pos % kc.shape[1]
     for j in range(n_kv):
         for i in range(hd):
-            kc[j, pos, i] = float_to_half(k[j * hd + i])
-            vc[j, pos, i] = float_to_half(v[j * hd + i])
+            kc[j, row, i] = float_to_half(k[j * hd + i])
+            vc[j, row, i] = float_to_half(v[j * hd + i])
     a = np.empty(n_head * hd, dtype=np.float32)
-    attend_one(q, kc, vc, pos + 1, n_head, a)
+    attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, a)
     product(wo, a, h, parallel_min_bytes)
+    add_bias(h, biases[3])
+    if norms[6].shape[0]:
+        rms_norm(h, norms[6], eps, h)
     for i in range(d):
         x[i] += h[i]
 
     # feed-forward
-    rms_norm(x, norms[1], eps, h)
-    gate = np.empty(d_ff, dtype=np.float32)
+    norm_into(x, norms[2], norms[3], layer_norm_kind, eps, h)
     up = np.empty(d_ff, dtype=np.float32)
-    products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
-    for i in range(d_ff):
-        gate[i] = silu(gate[i]) * up[i]
-    product(w_down, gate, h, parallel_min_bytes)
+    if ffn == 2:  # ungated: gelu(up + b)
+        product(w_up, h, up, parallel_min_bytes)
+        add_bias(up, biases[4])
+        for i in range(d_ff):
+            up[i] = gelu_tanh(up[i])
+    else:
+        gate = np.empty(d_ff, dtype=np.float32)
+        products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
+        if ffn == 1:
+            for i in range(d_ff):
+                up[i] *= gelu_half(gate[i])
+        else:
+            for i in range(d_ff):
+                up[i] *= silu(gate[i])
+    product(w_down, up, h, parallel_min_bytes)
+    add_bias(h, biases[5])
+    if norms[7].shape[0]:
+        rms_norm(h, norms[7], eps, h)
     for i in range(d):
         x[i] += h[i]

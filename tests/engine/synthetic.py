@@ -1,7 +1,8 @@
 """Tiny GGUF models of each architecture, written with gguf.GGUFWriter, and an independent NumPy forward pass.
 
 The reference reads the same weights as float64 and computes attention from scratch for every position, with
-no KV cache, no chunking and no shared code with engine/model.py.
+no KV cache, no chunking and no shared code with engine/ (it states each family's differences itself, from the
+published model definitions, rather than reading engine/families.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def tiny_vocab() -> tuple[list[str], list[str], list[int]]:
 
 @dataclass
 class TinyModel:
-    arch: str
+    arch: str  # the family; "llama3" is a llama file with Llama 3's rope_freqs.weight
     path: Path
     n_vocab: int
     d: int
@@ -52,20 +53,48 @@ class TinyModel:
     n_ctx: int
     eps: float
     rope_base: float = 10000.0
+    head_dim: int = 0  # 0: d / n_head
+    window: int = 0  # sliding window of the local layers (gemma2, gemma3); 0: none
+    attn_softcap: float = 0.0  # gemma2
+    final_softcap: float = 0.0
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.d // self.n_head
+
+    def is_local(self, layer: int) -> bool:
+        """Gemma 2: even layers slide; Gemma 3: five of every six."""
+        if not self.window:
+            return False
+        return layer % 2 == 0 if self.arch == "gemma2" else layer % 6 != 5
+
+
+# Per-family shape of the tiny models: head_dim that differs from d / n_head where the family allows it, six
+# layers for Gemma 3 so that its one global layer in six exists, small windows so that short texts exceed them,
+# and soft-caps small enough to bite on these weights.
+_SHAPES = {
+    "qwen3": {"head_dim": 32},
+    "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
+    "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
+}
+GEMMA = ("gemma2", "gemma3")
 
 
 def write_tiny_model(
-    path: Path, arch: str, seed: int = 0, matrix_type: T = T.Q8_0, drop: tuple[str, ...] = (), tied: bool = False
-) -> TinyModel:
-    """Write a 2-layer model of `arch` to `path`; matrices in `matrix_type`, norms/biases in F32."""
+    path: Path, arch: str, seed: int = 0, matrix_type: T = T.Q8_0, drop: tuple[str, ...] = (), tied: bool = False,
+    n_ctx: int = 128, extra: dict | None = None,
+) -> TinyModel:  # fmt: skip
+    """Write a small model of `arch` to `path`; matrices in `matrix_type`, norms/biases in F32. `extra`: more
+    metadata, {key without the arch prefix: value}."""
     rng = np.random.default_rng(seed)
     tokens, merges, types = tiny_vocab()
     n_vocab = len(tokens)
-    m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=2 if arch != "gpt2" else 4, n_layer=2, d_ff=128,
-                  n_ctx=128, eps=1e-5)  # fmt: skip
-    hd = m.d // m.n_head
-    writer = gguf.GGUFWriter(str(path), arch)
+    shape = dict(_SHAPES.get(arch, {}))
+    m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=2 if arch != "gpt2" else 4,
+                  n_layer=shape.pop("n_layer", 2), d_ff=128, n_ctx=n_ctx, eps=1e-5, **shape)  # fmt: skip
+    hd = m.hd
+    writer = gguf.GGUFWriter(str(path), "llama" if arch == "llama3" else arch)
     writer.add_context_length(m.n_ctx)
     writer.add_embedding_length(m.d)
     writer.add_block_count(m.n_layer)
@@ -78,6 +107,21 @@ def write_tiny_model(
         writer.add_layer_norm_rms_eps(m.eps)
         writer.add_rope_freq_base(m.rope_base)
         writer.add_rope_dimension_count(hd)
+    if m.head_dim:
+        writer.add_key_length(hd)
+        writer.add_value_length(hd)
+    if m.window:
+        writer.add_sliding_window(m.window)
+    if m.attn_softcap:
+        writer.add_attn_logit_softcapping(m.attn_softcap)
+        writer.add_final_logit_softcapping(m.final_softcap)
+    for key, value in (extra or {}).items():
+        if isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
@@ -106,8 +150,13 @@ def write_tiny_model(
             writer.add_tensor(name, a)
 
     matrix("token_embd.weight", n_vocab, m.d)
+    if arch in GEMMA:  # Gemma's output is the embedding, always
+        tied = True
     if arch == "gpt2":
         matrix("position_embd.weight", m.n_ctx, m.d)
+    if arch == "llama3":  # frequency divisors, 1 for the fast dims up to 8 for the slow ones, as Llama 3.1's
+        m.w["rope_freqs.weight"] = np.linspace(1.0, 8.0, hd // 2).astype(np.float32).astype(np.float64)
+        writer.add_tensor("rope_freqs.weight", m.w["rope_freqs.weight"].astype(np.float32))
     vector("output_norm.weight", m.d, 1.0)
     if arch == "gpt2":
         vector("output_norm.bias", m.d, 0.0)
@@ -130,6 +179,12 @@ def write_tiny_model(
             matrix(p + "attn_k.weight", m.n_kv * hd, m.d)
             matrix(p + "attn_v.weight", m.n_kv * hd, m.d)
             matrix(p + "ffn_gate.weight", m.d_ff, m.d)
+            if arch in ("qwen3", "gemma3"):
+                vector(p + "attn_q_norm.weight", hd, 1.0)
+                vector(p + "attn_k_norm.weight", hd, 1.0)
+            if arch in GEMMA:
+                vector(p + "post_attention_norm.weight", m.d, 1.0)
+                vector(p + "post_ffw_norm.weight", m.d, 1.0)
             if arch == "qwen2":
                 vector(p + "attn_q.bias", m.n_head * hd, 0.0)
                 vector(p + "attn_k.bias", m.n_kv * hd, 0.0)
@@ -147,27 +202,36 @@ def write_tiny_model(
 def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
     """Float64 logits (len(ids), n_vocab), every position attending to all earlier ones, recomputed."""
     w = m.w
-    hd = m.d // m.n_head
+    hd = m.hd
     group = m.n_head // m.n_kv
     x = w["token_embd.weight"][ids]  # (t, d)
     t = len(ids)
     if m.arch == "gpt2":
         x = x + w["position_embd.weight"][:t]
+    if m.arch in GEMMA:
+        x = x * np.sqrt(m.d)
+    neox = m.arch in ("qwen2", "qwen3", *GEMMA)
+
+    def gelu(u: np.ndarray) -> np.ndarray:
+        return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+
+    def rms(v: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        return v / np.sqrt((v * v).mean(-1, keepdims=True) + m.eps) * weight
 
     def norm(v: np.ndarray, name: str) -> np.ndarray:
         if m.arch == "gpt2":
             mu = v.mean(-1, keepdims=True)
             var = ((v - mu) ** 2).mean(-1, keepdims=True)
             return (v - mu) / np.sqrt(var + m.eps) * w[name + ".weight"] + w[name + ".bias"]
-        return v / np.sqrt((v * v).mean(-1, keepdims=True) + m.eps) * w[name + ".weight"]
+        return rms(v, w[name + ".weight"])
 
-    def rotate(v: np.ndarray) -> np.ndarray:  # v (t, heads, hd)
+    def rotate(v: np.ndarray, base: float) -> np.ndarray:  # v (t, heads, hd)
         out = v.copy()
         for pos in range(t):
             for i in range(hd // 2):
-                angle = pos * m.rope_base ** (-2.0 * i / hd)
+                angle = pos * base ** (-2.0 * i / hd) / w.get("rope_freqs.weight", np.ones(hd))[i]
                 c, s = np.cos(angle), np.sin(angle)
-                a, b = (i, i + hd // 2) if m.arch == "qwen2" else (2 * i, 2 * i + 1)
+                a, b = (i, i + hd // 2) if neox else (2 * i, 2 * i + 1)
                 out[pos, :, a] = v[pos, :, a] * c - v[pos, :, b] * s
                 out[pos, :, b] = v[pos, :, a] * s + v[pos, :, b] * c
         return out
@@ -185,32 +249,47 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
         q = q.reshape(t, m.n_head, hd)
         k = k.reshape(t, m.n_kv, hd)
         v = v.reshape(t, m.n_kv, hd)
+        if m.arch in ("qwen3", "gemma3"):
+            q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
+        local = m.is_local(i)
         if m.arch != "gpt2":
-            q, k = rotate(q), rotate(k)
+            base = 10000.0 if m.arch == "gemma3" and local else m.rope_base  # Gemma 3's local layers
+            q, k = rotate(q, base), rotate(k, base)
         att = np.zeros((t, m.n_head, hd))
         for pos in range(t):
+            lo = max(0, pos - m.window + 1) if local else 0  # the window: the last `window` positions
             for head in range(m.n_head):
                 kv = head // group
-                scores = k[: pos + 1, kv] @ q[pos, head] / np.sqrt(hd)  # (pos+1,)
+                scores = k[lo : pos + 1, kv] @ q[pos, head] / np.sqrt(hd)  # (pos+1-lo,)
+                if m.attn_softcap:
+                    scores = m.attn_softcap * np.tanh(scores / m.attn_softcap)
                 p_att = np.exp(scores - scores.max())
                 p_att /= p_att.sum()
-                att[pos, head] = p_att @ v[: pos + 1, kv]
-        o = att.reshape(t, m.d) @ w[p + "attn_output.weight"].T
+                att[pos, head] = p_att @ v[lo : pos + 1, kv]
+        o = att.reshape(t, m.n_head * hd) @ w[p + "attn_output.weight"].T
         if m.arch == "gpt2":
             o = o + w[p + "attn_output.bias"]
+        if m.arch in GEMMA:
+            o = norm(o, p + "post_attention_norm")
         x = x + o
         h = norm(x, p + "ffn_norm")
         if m.arch == "gpt2":
             u = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
-            u = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+            u = gelu(u)
             f = u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
         else:
             g = h @ w[p + "ffn_gate.weight"].T
-            f = (g / (1 + np.exp(-g)) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            act = gelu(g) if m.arch in GEMMA else g / (1 + np.exp(-g))
+            f = (act * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if m.arch in GEMMA:
+            f = norm(f, p + "post_ffw_norm")
         x = x + f
     x = norm(x, "output_norm")
     out = w.get("output.weight") if "output.weight" in w else w["token_embd.weight"]
-    return x @ out.T
+    logits = x @ out.T
+    if m.final_softcap:
+        logits = m.final_softcap * np.tanh(logits / m.final_softcap)
+    return logits
 
 
 def rewrite_model(src: Path, dst: Path, change_tensor) -> None:

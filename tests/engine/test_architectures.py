@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -12,10 +15,11 @@ from .compare import REFERENCE_BOUNDS
 from .compare import assert_matches_reference as close
 from .synthetic import reference_logits, rewrite_model, write_tiny_model
 
-IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33]
+IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33]  # longer than the Gemma models' window of 5
+ARCHES = ["llama", "llama3", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2"]  # llama3: llama with rope_freqs
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("matrix_type", [T.Q8_0, T.F32, T.Q4_0, T.F16, T.BF16], ids=lambda t: t.name)
 def test_forward_matches_reference(tmp_path, arch: str, matrix_type: T) -> None:
     tiny = write_tiny_model(tmp_path / f"{arch}.gguf", arch, matrix_type=matrix_type)
@@ -71,3 +75,111 @@ def test_unknown_architecture(tmp_path) -> None:
     writer.close()
     with pytest.raises(UnsupportedModelError, match="architecture 'mamba' is not supported"):
         load_model(path)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_sliding_window_ring_over_a_long_text(tmp_path, arch: str) -> None:
+    """300 tokens through a window of 5: the local layers' ring cache (window + one prompt chunk = 261 rows)
+    wraps, in the prompt path's chunks of 256 and then token by token, and still matches the reference."""
+    tiny = write_tiny_model(tmp_path / f"{arch}.gguf", arch, matrix_type=T.F32, n_ctx=512)
+    model = load_model(tiny.path, n_ctx=512)
+    assert [k.shape[1] for k in model.session().cache.k][:2] == [261, 512 if arch == "gemma2" else 261]
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, tiny.n_vocab - 2, 300)]
+    ref = reference_logits(tiny, ids)
+    close(model.logits(ids), ref, REFERENCE_BOUNDS["F32"])
+    session = model.session()
+    session.eval(ids[:270])
+    for i in range(270, 300):
+        close(session.eval([ids[i]])[None], ref[i][None], REFERENCE_BOUNDS["F32"])
+
+
+def test_truncate_past_the_ring_replays_the_kept_tokens(tmp_path) -> None:
+    """Going back further than a ring remembers (a regenerate after a long reply) re-evaluates what is kept:
+    the next logits equal a fresh evaluation's."""
+    tiny = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", matrix_type=T.F32, n_ctx=512)
+    model = load_model(tiny.path, n_ctx=512)
+    ids = [int(i) for i in np.random.default_rng(2).integers(0, tiny.n_vocab - 2, 400)]
+    session = model.session()
+    session.eval(ids)
+    session.truncate(20)  # positions 16..19 were overwritten by 277..280
+    assert session.tokens == ids[:20]
+    again = session.eval([ids[20]])
+    close(again[None], reference_logits(tiny, ids[:21])[-1][None], REFERENCE_BOUNDS["F32"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, "rope.scaling.type: 'yarn' rope scaling"),
+        ({"rope.scaling.type": "longrope"}, "'longrope' rope scaling is not supported"),
+        ({"expert_count": 8}, "mixture of experts"),
+    ],
+)
+def test_unimplemented_features_are_named(tmp_path, extra: dict, message: str) -> None:
+    tiny = write_tiny_model(tmp_path / "m.gguf", "qwen3", matrix_type=T.F32, extra=extra)
+    with pytest.raises(UnsupportedModelError, match=message):
+        load_model(tiny.path)
+
+
+def test_mixture_of_experts_tensors_are_named(tmp_path) -> None:
+    tiny = write_tiny_model(tmp_path / "ok.gguf", "llama", matrix_type=T.F32)
+    path = tmp_path / "moe.gguf"
+    import gguf
+
+    reader = gguf.GGUFReader(tiny.path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for f in reader.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.array(t.data))
+    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((4, 128, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ffn_gate_exps\.weight: mixture-of-experts"):
+        load_model(path)
+
+
+def test_cli_refuses_an_unimplemented_feature_in_one_line(tmp_path) -> None:
+    """`chatapp run` on a file that needs YaRN: one line naming it, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    tiny = write_tiny_model(tmp_path / "yarn.gguf", "qwen3", matrix_type=T.F32, extra={"rope.scaling.type": "yarn"})
+    run = [sys.executable, "-m", "chatapp", "run", "-m", str(tiny.path), "-p", "hi", "-n", "1"]
+    result = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1] == "chatapp: error: metadata qwen3.rope.scaling.type: 'yarn' rope scaling is not supported"
+
+
+LLAMA_CPP = Path(__file__).resolve().parents[1] / "golden" / "synthetic-llama-cpp.npz"
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_logits() -> dict:
+    """llama.cpp's logits on the synthetic models (benchmarks/llama_cpp_synthetic.py wrote them)."""
+    assert LLAMA_CPP.is_file(), f"{LLAMA_CPP} is missing: run benchmarks/llama_cpp_synthetic.py"
+    with np.load(LLAMA_CPP) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("matrix_type", [T.F32, T.Q8_0], ids=lambda t: t.name)
+def test_synthetic_models_match_llama_cpp(tmp_path, llama_cpp_logits: dict, family: str, matrix_type: T) -> None:
+    """Each family's tiny model against llama.cpp's own logits, 20 tokens (4 times the Gemma window), fresh and
+    token by token. Measured max |Δ| / spread: F32 1.6-3.5e-4, Q8_0 0.009-0.015 (AVX-512); the float64 reference
+    and llama.cpp agree to 2.8-6.9e-4 on F32, so the bounds are the reference bounds."""
+    name = f"{family}-{matrix_type.name}"
+    tiny = write_tiny_model(tmp_path / f"{name}.gguf", family, matrix_type=matrix_type)
+    assert hashlib.sha256(tiny.path.read_bytes()).hexdigest() == str(llama_cpp_logits[f"sha256/{name}"])
+    ids = [int(i) for i in llama_cpp_logits["ids"]]
+    want = llama_cpp_logits[f"logits/{name}"]  # (20, n_vocab)
+    model = load_model(tiny.path, n_ctx=64)
+    bound = REFERENCE_BOUNDS[matrix_type.name]
+    close(model.logits(ids), want, bound)
+    session = model.session()
+    close(np.stack([session.eval([i]) for i in ids]), want, bound)

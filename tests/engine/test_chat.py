@@ -189,3 +189,19 @@ def test_overflow_keeps_the_system_prompt(smollm2_model) -> None:
         messages.append(Message("assistant", stats.reply))
     assert shifted > 0
     assert stats.dropped_messages > 0
+
+
+def test_repeat_last_n_minus_one_penalises_the_whole_context(smollm2_model) -> None:
+    """-1 looks at every token in the context (prompt and reply), as llama.cpp's; 0 turns penalties off."""
+    messages = [Message("user", "Say 'the cat' ten times: the cat the cat the cat")]
+
+    def reply_ids(last_n: int) -> tuple[list[int], list[int]]:
+        settings = replace(GREEDY, max_tokens=24, presence_penalty=1e6, repeat_last_n=last_n)
+        chat = ChatSession(smollm2_model, settings)
+        events, _ = run(chat, messages)
+        return chat.prompt_tokens(messages), [e.token_id for e in events]
+
+    prompt, off = reply_ids(0)
+    assert set(off) & set(prompt) or len(set(off)) < len(off), "the check below could not fail on this prompt"
+    prompt, whole = reply_ids(-1)
+    assert not set(whole) & set(prompt) and len(set(whole)) == len(whole)

@@ -10,8 +10,8 @@ from numba import njit
 from engine import kernels, load_model
 from engine.kernels import attention as attention_kernels
 from engine.kernels import causal_attention, decode
-from engine.model import attention, half_round, silu
 from tests.engine.compare import assert_close_logits
+from tests.engine.oracle import attention, half_round, silu
 from tests.engine.synthetic import write_tiny_model
 
 
@@ -56,7 +56,8 @@ def test_attend_matches_reference_attention(n_pos: int) -> None:
     kc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)  # the cache holds float16
     vc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)
     out = np.empty(n_head * hd, dtype=np.float32)
-    attention_kernels.attend_one(q, kc.view(np.uint16), vc.view(np.uint16), n_pos, n_head, out)
+    scale = float(1 / np.sqrt(hd))
+    attention_kernels.attend_one(q, kc.view(np.uint16), vc.view(np.uint16), n_pos - 1, n_head, scale, 0, 0.0, out)
     k32, v32 = kc[:, :n_pos].astype(np.float32), vc[:, :n_pos].astype(np.float32)
     ref = attention(q.reshape(1, n_head, hd), k32, v32, n_pos - 1)[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
@@ -106,20 +107,21 @@ def test_fused_decode_matches_the_reference_path(model_name: str, request) -> No
         tok = int(b.argmax())
     # Both caches hold f16-rounded keys/values of the same positions, equal to rounding noise.
     n = fused.n_past
-    k_fused, k_ref = (c.cache.k[:, :, :n].astype(np.float32) for c in (fused, ref))
+    k_fused, k_ref = (np.stack([k[:, :n] for k in c.cache.k]).astype(np.float32) for c in (fused, ref))
     assert np.abs(k_fused - k_ref).max() <= 0.05 * np.abs(k_ref).max()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2"])
 @pytest.mark.parametrize("matrix_type", [T.F16, T.BF16], ids=lambda t: t.name)
-def test_fused_decode_runs_16_bit_float_weights(tmp_path, arch: str, matrix_type: T) -> None:
-    """F16 and BF16 layers take the one-call path too; with float32 activations on both paths, the logits agree
-    to float32 rounding."""
+def test_fused_decode_runs_every_family(tmp_path, arch: str, matrix_type: T) -> None:
+    """Every family's layers take the one-call path (F16 and BF16 weights here; the quantized ones in
+    test_architectures); with float32 activations on both paths, the logits agree to float32 rounding, past
+    the Gemma models' sliding window of 5."""
     tiny = write_tiny_model(tmp_path / "m.gguf", arch, matrix_type=matrix_type)
     model = load_model(tiny.path, n_ctx=64)
     assert model._fast_layers() is not None
     fused, ref = model.session(), model.session()
-    for tok in (5, 17, 3, 40, 8):
+    for tok in (5, 17, 3, 40, 8, 99, 250, 1, 64):
         a = fused.eval([tok])
         b = _reference_eval(ref, [tok])
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * np.abs(b).max())
@@ -127,7 +129,7 @@ def test_fused_decode_runs_16_bit_float_weights(tmp_path, arch: str, matrix_type
 
 def test_swiglu_matches_numpy() -> None:
     """The compiled SwiGLU (both signs of the gate, and gates far out where exp(-g) overflows float32) against
-    the NumPy reference model.silu, in float64."""
+    the NumPy oracle's silu, in float64."""
     rng = np.random.default_rng(3)
     far = np.array([[-200.0, -88.0, 0.0, 88.0, 200.0] * 8])  # (1, 40)
     gate = np.concatenate([rng.standard_normal((3, 40)) * 4, far]).astype(np.float32)  # (4, 40)

@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
 from engine import SettingsError, load_model
-from engine import model as cpu_model
+from engine import model as engine_model
 from engine.gpu import NUMPY, DeviceError, offload_for, ops, pick_backend, split_layers
 from engine.gpu import matrix as gpu_matrix
 from engine.gpu.decode import DECODERS, decode_rows
@@ -24,6 +24,7 @@ from engine.gpu.matrix import DeviceMatrix, matmul
 from engine.kernels import SUPPORTED_TYPES, WeightMatrix, float_products
 from engine.model import Model
 
+from . import oracle
 from .compare import assert_matches_reference as close
 from .synthetic import reference_logits, write_tiny_model
 from .test_architectures import IDS
@@ -98,22 +99,30 @@ def test_ops_match_the_cpu_forward_pass() -> None:
     rng = np.random.default_rng(3)
     x = rng.normal(size=(5, 64)).astype(np.float32)
     w, b = rng.normal(size=64).astype(np.float32), rng.normal(size=64).astype(np.float32)
-    np.testing.assert_array_equal(ops.rms_norm(np, x, w, 1e-5), cpu_model.rms_norm(x, w, 1e-5))
-    np.testing.assert_array_equal(ops.layer_norm(np, x, w, b, 1e-5), cpu_model.layer_norm(x, w, b, 1e-5))
-    np.testing.assert_array_equal(ops.gelu(np, x), cpu_model.gelu(x))
-    np.testing.assert_array_equal(ops.silu(np, x), cpu_model.silu(x))
+    np.testing.assert_array_equal(ops.rms_norm(np, x, w, 1e-5), oracle.rms_norm(x, w, 1e-5))
+    np.testing.assert_array_equal(ops.layer_norm(np, x, w, b, 1e-5), engine_model.layer_norm(x, w, b, 1e-5))
+    np.testing.assert_array_equal(ops.gelu(np, x), engine_model.gelu(x))
+    np.testing.assert_array_equal(ops.silu(np, x), oracle.silu(x))
     q = rng.normal(size=(5, 8, 16)).astype(np.float32)  # (t, n_head, hd)
     cos, sin = rng.normal(size=(5, 6)).astype(np.float32), rng.normal(size=(5, 6)).astype(np.float32)
     for neox in (False, True):
         np.testing.assert_array_equal(
-            ops.apply_rope(np, q, cos, sin, 12, neox), cpu_model.apply_rope(q, cos, sin, 12, neox)
+            ops.apply_rope(np, q, cos, sin, 12, neox), oracle.apply_rope(q, cos, sin, 12, neox)
         )
     k = rng.normal(size=(2, 9, 16)).astype(np.float32)  # (n_kv, T, hd): GQA, 4 query heads per kv head
     v = rng.normal(size=(2, 9, 16)).astype(np.float32)
     for t, start in ((5, 4), (1, 8)):
         np.testing.assert_allclose(
-            ops.attention(np, q[:t], k, v, start), cpu_model.attention(q[:t], k, v, start), rtol=1e-6, atol=1e-6
+            ops.attention(np, q[:t], k, v, start), oracle.attention(q[:t], k, v, start), rtol=1e-6, atol=1e-6
         )
+    # keys from position 3 on, a window of 4, soft-capped scores at 1/hd: Gemma's variants
+    for t, start in ((5, 7), (1, 11)):
+        ours = ops.attention(np, q[:t], k, v, start, 3, 1 / 16, 4, 0.5)
+        np.testing.assert_allclose(ours, oracle.attention(q[:t], k, v, start, 3, 1 / 16, 4, 0.5), rtol=1e-6, atol=1e-6)
+    gate, up = rng.normal(size=(2, 5, 64)).astype(np.float32) * 6
+    want = oracle.half_round(oracle.half_round(engine_model.gelu(oracle.half_round(gate))))
+    want = np.where(gate <= -10, 0.0, np.where(gate >= 10, gate, want)) * up
+    np.testing.assert_allclose(ops.geglu(np, gate, up), want, rtol=1e-6)
 
 
 def test_split_layers_follows_llama_cpp_ngl() -> None:
@@ -140,7 +149,7 @@ def test_cuda_without_cupy_is_a_one_line_error() -> None:
 # ---- tiny models of every architecture -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "gemma2", "gemma3", "gpt2"])
 @pytest.mark.parametrize("matrix_type", [T.Q8_0, T.F16], ids=lambda t: t.name)
 def test_tiny_models_offloaded_match_reference(tmp_path, arch: str, matrix_type: T) -> None:
     """Every architecture's path on the device: fused qkv, biases, GELU, LayerNorm, learned positions, both RoPEs."""
@@ -160,6 +169,22 @@ def test_tiny_models_offloaded_match_reference(tmp_path, arch: str, matrix_type:
         for chunk in (IDS[:1], IDS[1:5], IDS[5:6], IDS[6:]):
             last = session.eval(chunk)
             close(last[None], ref[session.n_past - 1][None])
+
+
+@pytest.mark.parametrize("gpu_layers", [-1, 3])
+def test_sliding_window_ring_on_the_device(tmp_path, gpu_layers: int) -> None:
+    """Gemma 3's local layers keep a ring of window + one chunk on the device too; 300 tokens through a window
+    of 5 wrap it, all layers on the device or half of them, and match the reference."""
+    tiny = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", matrix_type=T.F32, n_ctx=512)
+    model = load_model(tiny.path, n_ctx=512, device="numpy", gpu_layers=gpu_layers)
+    assert [k.shape[1] for k in model.session().cache.device.k][:2] == [261, 261]
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, tiny.n_vocab - 2, 300)]
+    ref = reference_logits(tiny, ids)
+    close(model.logits(ids), ref, 0.002)
+    session = model.session()
+    session.eval(ids[:290])
+    for i in range(290, 300):
+        close(session.eval([ids[i]])[None], ref[i][None], 0.002)
 
 
 def test_tied_output_on_the_device(tmp_path) -> None:

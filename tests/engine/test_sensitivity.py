@@ -24,6 +24,7 @@ from engine.kernels import WeightMatrix, float_products
 from engine.model import Model
 from engine.sampling import SamplingSettings
 
+from . import oracle
 from .compare import assert_cache_exactly_fresh, assert_cache_matches_fresh, assert_matches_reference
 from .synthetic import TinyModel, reference_logits, write_tiny_model
 from .test_sampling import assert_pipeline_keeps_what_the_masks_keep
@@ -134,14 +135,14 @@ def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, mon
 
 
 def grouped_attention(kv_of_head: Callable[[np.ndarray, int, int], np.ndarray]) -> Callable[..., np.ndarray]:
-    """causal_attention as engine.model's NumPy `attention`, query head h reading kv head kv_of_head(h, ...)."""
+    """causal_attention as the oracle's NumPy `attention`, query head h reading kv head kv_of_head(h, ...)."""
 
-    def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
+    def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float) -> np.ndarray:
         n_head, n_kv, n_pos = q.shape[1], kc.shape[0], start + len(q)
         heads = kv_of_head(np.arange(n_head), n_head, n_kv)
         k = kc[heads, :n_pos].astype(np.float32)  # (n_head, n_pos, hd): one kv head per query head
         v = vc[heads, :n_pos].astype(np.float32)
-        return engine.model.attention(q.astype(np.float32), k, v, start)
+        return oracle.attention(q.astype(np.float32), k, v, start, 0, *layer)  # layer: scale, window, softcap
 
     return attend
 
@@ -166,8 +167,8 @@ def test_wrong_softmax_scale_fails_the_reference(
     real = engine.model.causal_attention
     hd = model.cfg.head_dim
 
-    def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> np.ndarray:
-        return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start)  # the kernel's 1/sqrt(hd) on top makes 1/hd
+    def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float) -> np.ndarray:
+        return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start, *layer)  # the layer's 1/sqrt(hd) on top: 1/hd
 
     monkeypatch.setattr(engine.model, "causal_attention", scaled_twice)
     with pytest.raises(AssertionError):

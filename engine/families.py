@@ -1,0 +1,55 @@
+"""The model families the engine runs, each described once: this table is the only place a family is named.
+
+A `Family` says what a layer is made of -- norms and where they sit, the attention variant, the FFN kind,
+positions, scaling constants and which layers attend over a sliding window -- as llama.cpp's `src/models/*.cpp`
+builders say it in the arguments they pass to shared ops. Every execution path (the CPU prompt path in
+engine/model.py, the fused one-token layer in engine/kernels/decode.py, the device offload in engine/gpu) reads
+the resolved form of it, `ModelConfig` (engine/config.py), and nothing else.
+
+Adding a family is a row here, plus whatever operation it needs that no family has yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    norm: str = "rms"  # "rms" (RMSNorm, weight only) or "layer" (LayerNorm with bias)
+    ffn: str = "swiglu"  # "swiglu": silu(gate)·up; "geglu": gelu_tanh(gate)·up; "gelu": gelu(up), no gate
+    positions: str = "rope"  # "rope" or "learned" (a position_embd table added to the embeddings)
+    rope_neox: bool = False  # rotate (i, i + d/2) pairs; False: adjacent (2i, 2i+1) pairs as llama GGUFs expect
+    qkv_bias: bool = False  # Q/K/V projections carry biases
+    fused_qkv: bool = False  # one attn_qkv matrix (q_dim + 2·kv_dim rows) instead of attn_q/k/v
+    biases: bool = False  # attention output and FFN matrices carry biases
+    qk_norm: bool = False  # per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before RoPE
+    post_norms: bool = False  # RMSNorm of each branch's output before its residual (post_attention/ffw_norm)
+    embed_scale: bool = False  # token embeddings multiplied by √d
+    softcap: bool = False  # tanh soft-capping of attention scores and final logits (from the file's caps)
+    swa_period: int = 0  # layer i attends over the sliding window unless i % swa_period == swa_period - 1; 0: never
+    local_rope_base: float = 0.0  # RoPE base of the sliding-window layers (0: the file's, as global layers)
+    # Attention scale 1/√key_length, except at this block count (the 27B models), where llama.cpp takes
+    # 1/√(d/n_head): the checkpoints' query_pre_attn_scalar, which GGUF does not carry. 0: always key_length.
+    wide_scale_layers: int = 0
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(),  # Llama 2/3 (rope_freqs.weight for Llama 3's frequency factors), SmolLM2, TinyLlama
+    "qwen2": Family(rope_neox=True, qkv_bias=True),
+    "qwen3": Family(rope_neox=True, qk_norm=True),
+    "gemma2": Family(
+        ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
+    ),
+    "gemma3": Family(
+        ffn="geglu",
+        rope_neox=True,
+        qk_norm=True,
+        post_norms=True,
+        embed_scale=True,
+        swa_period=6,
+        local_rope_base=10000.0,
+        wide_scale_layers=62,
+    ),
+    "gpt2": Family(norm="layer", ffn="gelu", positions="learned", qkv_bias=True, fused_qkv=True, biases=True),
+}
