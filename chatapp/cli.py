@@ -338,13 +338,16 @@ def cmd_tui(args: argparse.Namespace) -> int:
     def factory(progress: Callable[[str], None]):
         from engine.chat import ChatSession
 
+        from .catalog import load_catalog
         from .drafting import make_drafter
+        from .naming import display_name
 
         model = _load(args, settings, progress, console=False)
         drafter = make_drafter(settings, model, lambda s: _load(args, s, progress, console=False), progress)
         from .kv_cache import kv_store_for
 
         chat = ChatSession(model, settings.sampling, drafter=drafter)
+        chat.display_name = display_name(model.file.path, model.file.metadata, load_catalog())
         chat.kv_store = kv_store_for(settings)  # a resumed chat starts from its saved cache; each turn saves it
         chat.autosave = True
         return chat

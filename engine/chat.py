@@ -57,6 +57,7 @@ class ChatSession:
         drafter: Drafter | None = None,
     ):
         self.model = model
+        self.display_name: str | None = None  # see model_name
         self.session = model.session(n_ctx)
         self.drafter = drafter
         """Speculative decoding's guesser (engine.speculative), or None for one target pass per token."""
@@ -138,7 +139,8 @@ class ChatSession:
 
     @property
     def model_name(self) -> str:
-        return self.model.name
+        """What the app calls the model: `display_name` when the caller set one, else the file's own name."""
+        return self.display_name or self.model.name
 
     def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
         """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats."""

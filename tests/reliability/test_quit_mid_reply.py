@@ -88,7 +88,8 @@ def test_ctrl_q_mid_reply_restores_the_terminal_and_keeps_the_chat(smollm2_path:
     try:
         assert term.modes() == SHELL_MODES
         term.type(f"cd {shlex.quote(str(REPO))} && {variables} {command}; echo EXIT=$?")
-        term.wait_for(lambda s: "is ready." in s, timeout=300, what="the model to load")
+        ready = term.wait_for(lambda s: "is ready." in s, timeout=300, what="the model to load")
+        assert "smollm2-135m-instruct" in ready and "Lc100K" not in ready  # its catalog name, not the run's
         in_app = term.modes()
         assert in_app["alternate_on"] == "1" and in_app["mouse_sgr_flag"] == "1", in_app  # the test can tell
 
