@@ -100,6 +100,8 @@ class KVStore:
         n = session.n_past
         if n == 0 or self.max_bytes <= 0 or session.cache.device is not None:  # offloaded layers stay on the GPU
             return None
+        if session.cache.ring_rows is not None:  # sliding-window rings hold other positions than the first n
+            return None
         tokens = list(session.tokens)
         k, v = session.cache.k, session.cache.v
         header = {
@@ -133,7 +135,7 @@ class KVStore:
     ) -> int:
         """Load the saved cache that shares the longest prefix with `prompt`, if it holds at least `at_least`
         more of it than the session already does, into `session`; the positions restored, 0 if none."""
-        if session.cache.device is not None:
+        if session.cache.device is not None or session.cache.ring_rows is not None:  # see save
             return 0
         have = _common_prefix(session.tokens, prompt)
         best, best_n = None, have + max(at_least, 1) - 1

@@ -96,13 +96,18 @@ class KVCache:
     """Keys and values for n_ctx positions, allocated once: the CPU layers' here, the offloaded layers' in
     `device` (None without offload). Stored as float16, as llama.cpp's default cache: the forward pass rounds
     k and v to float16 anyway, so the cache is exact at half the memory of float32. A sliding-window layer
-    keeps only a ring of `cfg.cache_rows` positions (position p in row p % rows)."""
+    keeps only a ring of `cfg.cache_rows` positions (position p in row p % rows); `k[i]`, `v[i]` are layer
+    first + i's (n_kv, rows, hd) either way."""
 
     def __init__(self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None):
         first = offload.n_layers if offload is not None else 0
         rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
-        self.k = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]  # (kv head, row, hd)
-        self.v = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
+        if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, hd)
+            shape = (len(rows), cfg.n_kv_head, n_ctx, cfg.head_dim)
+            self.k, self.v = np.zeros(shape, dtype=np.float16), np.zeros(shape, dtype=np.float16)
+        else:  # per layer (kv head, row, hd), the rings shorter
+            self.k = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
+            self.v = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
         self.device = offload.new_cache(n_ctx) if offload is not None else None
         self.n_ctx = n_ctx
         # Positions a ring keeps (None: no ring, every position stays), and how far back a query looks.
