@@ -105,27 +105,34 @@ def turn(chat: ChatSession, messages: list[Message]) -> tuple[list[int], TurnSta
     return [e.token_id for e in events[:-1]], stats
 
 
-def decode_figures(model, drafter_factory, messages, n_gen: int, reps: int, plain_ids=None) -> dict:
+def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
+    """Each repetition runs every mode back to back (plain first), so that the machine's drifting load falls on
+    all of them alike; a mode's speed-up is the median of its per-repetition ratios to plain."""
     settings = SamplingSettings(temperature=0.0, max_tokens=n_gen)
-    rates, stats_all, ids = [], [], None
-    before = load()
+    runs: dict[str, list] = {name: [] for name in modes}
     for _ in range(reps):
-        chat = ChatSession(model, settings, drafter=drafter_factory() if drafter_factory else None)
-        ids, stats = turn(chat, messages)
-        rates.append(stats.decode_tok_s)
-        stats_all.append(stats)
-    s = stats_all[-1]
-    return {
-        "decode_tok_s": statistics.median(rates),
-        "runs": rates,
-        "tokens": s.generated_tokens,
-        "acceptance": s.acceptance_rate,
-        "tokens_per_pass": s.tokens_per_pass,
-        "same_as_plain": None if plain_ids is None else ids == plain_ids,
-        "load_before": before,
-        "load_after": load(),
-        "ids": ids,
-    }
+        for name, factory in modes.items():
+            before = load()
+            chat = ChatSession(model, settings, drafter=factory() if factory else None)
+            ids, stats = turn(chat, messages)
+            runs[name].append((ids, stats, before, load()))
+    out = {}
+    plain_ids = runs["plain"][-1][0]
+    for name, rows in runs.items():
+        stats = [r[1] for r in rows]
+        ratios = [s.decode_tok_s / p[1].decode_tok_s for s, p in zip(stats, runs["plain"], strict=True)]
+        out[name] = {
+            "decode_tok_s": statistics.median(s.decode_tok_s for s in stats),
+            "runs": [s.decode_tok_s for s in stats],
+            "ratio": statistics.median(ratios),
+            "ratios": ratios,
+            "tokens": stats[-1].generated_tokens,
+            "acceptance": stats[-1].acceptance_rate,
+            "tokens_per_pass": stats[-1].tokens_per_pass,
+            "same_as_plain": all(r[0] == plain_ids for r in rows),
+            "load": [f"{r[2]} -> {r[3]}" for r in rows],
+        }
+    return out
 
 
 def resume_figures(model, n_tokens: int) -> dict:
@@ -174,31 +181,18 @@ def main() -> int:
         draft = load_model(resolve_model(args.model_draft), n_ctx=4096) if args.model_draft else None
         out = results[model.name] = {}
         for name, messages in PROMPTS.items():
-            plain = decode_figures(model, None, messages, args.n, args.r)
-            row = {"plain": plain}
-            row["lookup"] = decode_figures(
-                model, lambda: LookupDrafter(paced=True), messages, args.n, args.r, plain["ids"]
-            )
+            modes = {"plain": None, "lookup": lambda: LookupDrafter(paced=True)}
             if draft is not None:
-                row["draft"] = decode_figures(
-                    model,
-                    lambda d=draft, m=model: ModelDrafter(d, m, paced=True),
-                    messages,
-                    args.n,
-                    args.r,
-                    plain["ids"],
-                )
+                modes["draft"] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
+            row = out[name] = decode_figures(model, modes, messages, args.n, args.r)
             for mode, fig in row.items():
-                ratio = fig["decode_tok_s"] / plain["decode_tok_s"]
                 print(
-                    f"{model.name} | {name} | {mode}: {fig['decode_tok_s']:.1f} tok/s ({ratio:.2f}x plain), "
-                    f"{fig['tokens']} tokens, acceptance {fig['acceptance']:.0%}, "
-                    f"{fig['tokens_per_pass']:.2f} tokens/pass, same as plain: {fig['same_as_plain']}, "
-                    f"load {fig['load_before']} -> {fig['load_after']}",
+                    f"{model.name} | {name} | {mode}: {fig['decode_tok_s']:.1f} tok/s, {fig['ratio']:.2f}x plain "
+                    f"(runs {', '.join(f'{x:.2f}' for x in fig['ratios'])}), {fig['tokens']} tokens, "
+                    f"acceptance {fig['acceptance']:.0%}, {fig['tokens_per_pass']:.2f} tokens/pass, "
+                    f"same as plain: {fig['same_as_plain']}, load {'; '.join(fig['load'])}",
                     flush=True,
                 )
-                fig.pop("ids")
-            out[name] = row
         r = out["resume"] = resume_figures(model, args.resume_tokens)
         print(
             f"{model.name} | resume: {r['restored_tokens']}/{r['prompt_tokens']} tokens restored in "
