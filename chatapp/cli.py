@@ -369,6 +369,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         settings=settings.sampling,
         system_prompt=settings.system_prompt,
         store_path=user_data_dir() / "conversations.db",
+        theme=settings.theme,
     )
     return 0
 

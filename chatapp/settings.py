@@ -69,6 +69,7 @@ class AppSettings:
     draft_max: int = 16  # most tokens a drafter guesses per step
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
+    theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
     remote: RemoteSettings = RemoteSettings()  # enabled: replies come from that server, not the local engine
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
 
@@ -92,6 +93,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "threads": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = all cores)"),
     "device": _Rule(str, lambda v: v in DEVICES or v == "gpu", f"one of {', '.join(map(repr, DEVICES))}"),
     "gpu_layers": _Rule(int, lambda v: v >= -1, "≥ -1 (-1 = all)"),
+    "theme": _Rule(str, lambda v: bool(v.strip()), "(a theme's name, e.g. \"textual-dark\")"),
     "system_prompt": _Rule(str),
     "model_draft": _Rule(str),
     "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),
@@ -292,6 +294,34 @@ def _merge_layer(
             merged[key] = _coerce(value, _TOP_RULES[key], where(None, key), from_cli)
         else:
             raise unknown(None, key, _TOP_RULES | tables)
+
+
+def save_user_setting(key: str, value: str | int | float | bool, config_file: Path | None = None) -> None:
+    """Set a top-level `key` in the user's config.toml, keeping the rest of the file (comments included) as
+    it was; the file is replaced atomically. Raises ConfigError when the file cannot be read as TOML (it is
+    then left alone) or written."""
+    import tomlkit
+
+    config_file = paths.user_config_file() if config_file is None else config_file
+    try:
+        text = config_file.read_text(encoding="utf-8") if config_file.exists() else ""
+        doc = tomlkit.parse(text)
+    except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError) as e:
+        raise ConfigError(f"{config_file}: cannot update {key}: {e}") from None
+    if key in doc:
+        doc[key] = value
+    else:  # at the top, before any [table], where a top-level key must go
+        body = tomlkit.document()
+        body.add(key, value)
+        doc = tomlkit.parse(tomlkit.dumps(body) + ("\n" if text and not text.startswith("\n") else "") + text)
+    tmp = config_file.with_name(config_file.name + ".tmp")
+    try:
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+        os.replace(tmp, config_file)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"{config_file}: cannot save {key}: {e.strerror or e}") from None
 
 
 def defaults_file() -> Path:

@@ -104,8 +104,13 @@ class ChatApp(App[None]):
         store: Any | None = None,
         store_warning: str | None = None,
         export_dir: Path | None = None,
+        theme: str | None = None,
+        save_theme: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
+        self._chosen_theme = theme
+        self._save_theme = save_theme
+        """Called with a theme's name when the user picks one (not for the one the app starts with)."""
         self.backend_factory = backend_factory
         self.backend: ChatBackend | None = None
         """Set when the model has loaded (ModelReady); None while loading or after a failed load."""
@@ -152,6 +157,11 @@ class ChatApp(App[None]):
         return self.query_one(SamplingPanel)
 
     def on_mount(self) -> None:
+        if self._chosen_theme and self._chosen_theme in self.available_themes:
+            self.theme = self._chosen_theme
+        elif self._chosen_theme:
+            self.notify(f"No theme {self._chosen_theme!r}; using {self.theme}.", severity="warning")
+        self.theme_changed_signal.subscribe(self, self._theme_picked)
         self.sub_title = "New chat"
         self.panel.display = False
         self.status.set_state("loading", "starting…")
@@ -164,6 +174,15 @@ class ChatApp(App[None]):
         if not self.recorder.enabled:
             self.notify("History is off: this chat will not be saved.", timeout=4)
         self._load_model()
+
+    def _theme_picked(self, theme: Any) -> None:
+        if self._save_theme is None or theme.name == self._chosen_theme:  # the one it started in, or saved
+            return
+        try:
+            self._save_theme(theme.name)
+            self._chosen_theme = theme.name
+        except Exception as exc:  # the theme still applies; only remembering it failed
+            self.notify(f"Couldn't save the theme: {describe_error(exc)}", severity="warning")
 
     def on_resize(self, event: events.Resize) -> None:
         """Narrow terminals get slimmer margins and panel (see `.-narrow` in styles.tcss)."""
@@ -643,10 +662,12 @@ def run_app(
     settings: SamplingSettings,
     system_prompt: str,
     store_path: Path | None,
+    theme: str | None = None,
 ) -> None:
     """Run the chat UI. `backend_factory(progress)` loads the model in a worker thread, reporting progress
     lines through `progress`; `store_path=None` turns history off."""
     from chatapp import paths
+    from chatapp.settings import save_user_setting
 
     store, warning = None, None
     if store_path is not None:
@@ -664,6 +685,8 @@ def run_app(
         store=store,
         store_warning=warning,
         export_dir=paths.user_data_dir() / "exports",
+        theme=theme,
+        save_theme=lambda name: save_user_setting("theme", name),
     )
     try:
         app.run()
