@@ -25,6 +25,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
+from chatapp.attachments import AttachmentError, expand_read_command, read_attachment
 from chatapp.backend import ChatBackend
 from chatapp.store import suggest_title
 from chatapp.tui.messages import (
@@ -37,6 +38,7 @@ from chatapp.tui.messages import (
 )
 from chatapp.tui.recorder import Recorder, write_export
 from chatapp.tui.state import ChatState, LiveMetrics, Turn, code_blocks, stats_from_dict, to_markdown
+from chatapp.tui.widgets.attach import AttachScreen
 from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog
 from chatapp.tui.widgets.conversations import ConversationsScreen
 from chatapp.tui.widgets.inspector import InspectorScreen
@@ -64,7 +66,7 @@ class ActiveReply:
 
 CHAT_ACTIONS = frozenset(
     {"stop", "cancel_edit", "new_chat", "regenerate", "edit_last", "copy_reply", "toggle_sampling"}
-    | {"inspect", "conversations", "system_prompt", "export", "scroll_chat"}
+    | {"inspect", "conversations", "system_prompt", "export", "scroll_chat", "attach"}
 )
 
 
@@ -84,6 +86,7 @@ class ChatApp(App[None]):
         Binding("ctrl+l,f4", "conversations", "Chats"),
         Binding("ctrl+t", "system_prompt", "System"),
         Binding("f8", "export", "Export", show=False),
+        Binding("f9", "attach", "Attach", show=False),
         Binding("f1", "toggle_keys", "Keys", show=False),
         Binding("shift+pageup,ctrl+up", "scroll_chat(-1)", "Scroll up", show=False),
         Binding("shift+pagedown,ctrl+down", "scroll_chat(1)", "Scroll down", show=False),
@@ -353,6 +356,14 @@ class ChatApp(App[None]):
     # ---- sending --------------------------------------------------------------------------------------
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        try:
+            expanded = expand_read_command(event.text)
+        except AttachmentError as e:
+            self.notify(str(e), title="Attach", severity="error")
+            return  # the command stays in the box, to correct
+        if expanded is not None:  # /read PATH: the file goes into the box, for the user to ask about
+            self.prompt.set_text(expanded)
+            return
         text = event.text.strip()
         if not self._ready_to_generate():
             return  # the text stays in the box
@@ -469,6 +480,21 @@ class ChatApp(App[None]):
     async def action_new_chat(self) -> None:
         await self._show_state(ChatState(model=self.model_name, system_prompt=self.default_system_prompt))
         self.prompt.clear()
+
+    def action_attach(self) -> None:
+        self.push_screen(AttachScreen(), self._attach)
+
+    def _attach(self, path: str | None) -> None:
+        if path is None:
+            return
+        try:
+            block = read_attachment(path)
+        except AttachmentError as e:
+            self.notify(str(e), title="Attach", severity="error")
+            return
+        draft = self.prompt.text.strip("\n")
+        self.prompt.set_text(block + "\n\n" + (draft + "\n" if draft else ""))
+        self.prompt.focus()
 
     def action_conversations(self) -> None:
         if not self.recorder.enabled:
@@ -649,6 +675,7 @@ class ChatApp(App[None]):
             "Saved chats", "List, resume, export or delete saved chats (ctrl+l)", self.action_conversations
         )
         yield SystemCommand("System prompt", "Edit the system prompt (ctrl+t)", self.action_system_prompt)
+        yield SystemCommand("Attach a file", "Put a text file into the message (F9, or /read PATH)", self.action_attach)
         yield SystemCommand("Export chat as Markdown", f"Write it into {self.export_dir} (F8)", self.action_export)
 
     def _copier(self, n: int) -> Callable[[], None]:
