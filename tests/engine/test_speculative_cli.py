@@ -72,3 +72,28 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
         assert "lookup: 1/2 guesses accepted (50%)" in bars and "2.00 tokens per target pass" in bars
         table = screen.query_one("#tokens", DataTable)
         assert str(table.get_row_at(2)[3]).endswith("draft") and not str(table.get_row_at(1)[3]).endswith("draft")
+
+
+def test_the_app_gets_the_drafter_and_the_saved_cache(smollm2_path, isolated_dirs, monkeypatch) -> None:
+    """`chatapp -md MODEL`: the app's backend factory builds a ChatSession with that draft model, and with the
+    saved-cache store of the user cache, saving after every turn."""
+    import chatapp.tui.app as tui_app
+    from chatapp.kv_cache import kv_cache_dir
+    from engine.speculative import ModelDrafter
+
+    factories = []
+    monkeypatch.setattr(tui_app, "run_app", lambda factory, **kw: factories.append(factory))
+    assert main(["-m", str(smollm2_path), "-md", str(smollm2_path), "--draft-max", "5"]) == 0
+    chat = factories[0](lambda line: None)
+    assert isinstance(chat.drafter, ModelDrafter) and chat.drafter.length.most == 5
+    assert chat.kv_store is not None and chat.kv_store.folder == kv_cache_dir() and chat.autosave
+
+
+def test_bench_with_lookup_reports_plain_and_drafted_decode(smollm2_path, isolated_dirs, capsys) -> None:
+    import json
+
+    rc = main(["bench", "-m", str(smollm2_path), "--lookup", "-p", "32", "-n", "8", "-r", "1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["drafter"] == "lookup"
+    assert result["text_decode_tok_s"] > 0 and result["draft_decode_tok_s"] > 0
+    assert 0 <= result["draft_acceptance"] <= 1
