@@ -6,10 +6,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from chatapp.tui.state import ChatState, Turn, code_blocks, stats_line
+from chatapp.tui.thinking import split_thinking, thinking_token_count
 
 
 class UserMessage(Static, can_focus=True):
@@ -22,12 +23,14 @@ class UserMessage(Static, can_focus=True):
 
 
 class AssistantMessage(Vertical, can_focus=True):
-    """One reply: a Markdown body, streamed while it is generated, and its stats line underneath."""
+    """One reply: its thinking (collapsed, when the model thinks aloud), a Markdown body streamed while it is
+    generated, and its stats line underneath."""
 
     BINDINGS = [
         Binding("i", "app.inspect", "Inspect"),
         Binding("c", "app.copy_reply", "Copy"),
         Binding("b", "copy_next_block", "Copy code"),
+        Binding("t", "toggle_thinking", "Thinking"),
     ]
 
     def __init__(self, turn: Turn, model_name: str) -> None:
@@ -36,17 +39,39 @@ class AssistantMessage(Vertical, can_focus=True):
         self.border_title = model_name
         self._stream: MarkdownStream | None = None
         self._next_block = 0
+        self._raw = ""  # the reply's text so far, while streaming
+        self._answer_sent = ""  # what of the answer the body's stream has been given
 
     def compose(self) -> ComposeResult:
-        yield Markdown(self.turn.content, classes="body")
+        split = split_thinking(self.turn.content)
+        with Collapsible(title="Thinking", collapsed=True, classes="thinking"):
+            yield Static(Content(split.thinking), classes="thinking-text", markup=False)
+        yield Markdown(split.answer, classes="body")
         yield Static("", classes="meta", markup=False)
 
     def on_mount(self) -> None:
+        self._show_thinking(split_thinking(self.turn.content))
         self.show_outcome()
 
     @property
     def body(self) -> Markdown:
         return self.query_one(".body", Markdown)
+
+    @property
+    def thinking(self) -> Collapsible:
+        return self.query_one(".thinking", Collapsible)
+
+    def _show_thinking(self, split, streaming: bool = False) -> None:
+        box = self.thinking
+        box.display = bool(split.thinking) or split.open
+        if box.display:
+            box.query_one(".thinking-text", Static).update(Content(split.thinking))
+            words = len(split.thinking.split())
+            box.title = f"Thinking… ({words} words)" if streaming and split.open else f"Thought ({words} words)"
+
+    def action_toggle_thinking(self) -> None:
+        if self.thinking.display:
+            self.thinking.collapsed = not self.thinking.collapsed
 
     # ---- streaming -----------------------------------------------------------------------------------
 
@@ -55,10 +80,23 @@ class AssistantMessage(Vertical, can_focus=True):
         self.add_class("-streaming")
         self.query_one(".meta", Static).update(Content.styled("generating…", "italic"))
         self._stream = Markdown.get_stream(self.body)
+        self._raw, self._answer_sent = "", ""
 
     async def append(self, fragment: str) -> None:
-        if self._stream is not None and fragment:
-            await self._stream.write(fragment)
+        if self._stream is None or not fragment:
+            return
+        self._raw += fragment
+        split = split_thinking(self._raw, streaming=True)
+        self._show_thinking(split, streaming=True)
+        answer = split.answer[: len(split.answer) - split.pending]
+        if answer.startswith(self._answer_sent):
+            if len(answer) > len(self._answer_sent):
+                await self._stream.write(answer[len(self._answer_sent) :])
+        else:  # a closing tag arrived: what looked like the answer was thinking (the template opened it)
+            await self._stream.stop()
+            await self.body.update(answer)
+            self._stream = Markdown.get_stream(self.body)
+        self._answer_sent = answer
 
     async def stop_stream(self) -> None:
         """Flush what is pending and end the stream (safe to call more than once)."""
@@ -70,8 +108,10 @@ class AssistantMessage(Vertical, can_focus=True):
     async def finish(self) -> None:
         """The reply is over (stats or error are on the turn): settle the text and show the outcome."""
         await self.stop_stream()
-        if self.body.source != self.turn.content:  # e.g. the engine trimmed a stop string
-            await self.body.update(self.turn.content)
+        split = split_thinking(self.turn.content)
+        self._show_thinking(split)
+        if self.body.source != split.answer:  # e.g. the engine trimmed a stop string
+            await self.body.update(split.answer)
         self.show_outcome()
 
     def show_outcome(self) -> None:
@@ -79,6 +119,9 @@ class AssistantMessage(Vertical, can_focus=True):
         parts: list[Content] = []
         if self.turn.stats is not None:
             parts.append(Content(stats_line(self.turn.stats)))
+            if thinking := thinking_token_count([t.text for t in self.turn.tokens]):
+                answer = len(self.turn.tokens) - thinking
+                parts.append(Content.styled(f"thinking {thinking} tokens · answer {answer} tokens", "$text-muted"))
         if self.turn.error:
             parts.append(Content.styled(f"⚠ generation failed: {self.turn.error}", "$text-error"))
         if not parts and not self.turn.content and self._stream is None:
