@@ -73,12 +73,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-m", "--model", type=Path, required=True)
     ap.add_argument("--golden", type=Path, required=True)
+    ap.add_argument("--json", type=Path, help="also write the float64 log-probs of llama.cpp's top-5 here")
     args = ap.parse_args()
     from engine import load_model
     from engine.kernels import float_products
 
     golden = json.loads(args.golden.read_text())
     model = load_model(args.model, n_ctx=64)
+    record = {"model_sha256": golden["model_sha256"], "source": "benchmarks/position0_float64.py", "texts": []}
     for item in golden["teacher"]:
         token = item["ids"][0]
         exact, peaks = float64_first_token(args.model, token)
@@ -91,6 +93,19 @@ def main() -> int:
         for tid, ref in zip(item["top5_ids"][0], item["top5_logprobs"][0], strict=True):
             print(f"{tid:>8} {ref:>10.3f} " + " ".join(f"{v[tid]:>11.3f}" for v in lp.values()))
         print("top-1:", {k: int(v.argmax()) for k, v in lp.items()}, "llama.cpp", item["top5_ids"][0][0])
+        ids = [int(i) for i in np.argsort(exact)[::-1][:5]]
+        ref_ids = item["top5_ids"][0]
+        record["texts"].append(
+            {
+                "token": token,
+                "float64_top5_ids": ids,
+                "float64_top5_logprobs": [float(lp["float64"][i]) for i in ids],
+                "llama_cpp_top5_ids": ref_ids,
+                "float64_logprobs_of_llama_cpp_top5": [float(lp["float64"][i]) for i in ref_ids],
+            }
+        )
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
     return 0
 
 

