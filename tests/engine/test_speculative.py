@@ -326,3 +326,16 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
     paused = [pace.allow() for _ in range(pace.pause + 1)]
     assert paused[-1] and not any(paused[:-1])
     assert pace.next_pause > PACE_FIRST_PAUSE  # the next pause is longer
+
+
+def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_model) -> None:
+    """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft: the same vocabulary, and the greedy
+    reply is plain decoding's."""
+    settings = replace(GREEDY, max_tokens=32)
+    plain = ids_of(run(ChatSession(qwen15_model, settings), REWRITE)[0])
+    drafter = ModelDrafter(qwen_model, qwen15_model)
+    chat = ChatSession(qwen15_model, settings, drafter=drafter)
+    events, stats = run(chat, REWRITE)
+    assert_same_greedy(qwen15_model, chat.prompt_tokens(REWRITE), plain, ids_of(events))
+    assert stats.draft_accepted > 0 and stats.tokens_per_pass > 1
+    assert chat.cached_tokens[: len(drafter.cached_tokens)] == drafter.cached_tokens
