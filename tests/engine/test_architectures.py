@@ -183,3 +183,34 @@ def test_synthetic_models_match_llama_cpp(tmp_path, llama_cpp_logits: dict, fami
     close(model.logits(ids), want, bound)
     session = model.session()
     close(np.stack([session.eval([i]) for i in ids]), want, bound)
+
+
+@pytest.mark.parametrize(
+    ("arch", "fault"),
+    [
+        ("gemma3", {"sliding_window": 6}),  # one key too many in the window
+        ("gemma3", {"local": (False,) * 6}),  # every layer global
+        ("gemma3", {"rope_base_local": 1e6}),  # local layers on the global base
+        ("gemma3", {"embed_scale": 1.0}),
+        ("gemma2", {"attn_softcap": 0.0}),
+        ("gemma2", {"final_softcap": 0.0}),
+        ("qwen3", {"attn_scale": 1 / 4.0}),  # 1/√(d/n_head) instead of 1/√key_length
+    ],
+    ids=lambda v: v if isinstance(v, str) else next(iter(v)),
+)
+def test_each_family_constant_is_checked(tmp_path, arch: str, fault: dict) -> None:
+    """Each resolved constant, set wrong on a loaded model, fails the reference comparison over IDS (longer
+    than the window): the synthetic tests would catch a family described wrongly."""
+    from dataclasses import replace
+
+    from engine.model import rope_tables
+
+    tiny = write_tiny_model(tmp_path / f"{arch}.gguf", arch, matrix_type=T.F32)
+    model = load_model(tiny.path, n_ctx=64)
+    ref = reference_logits(tiny, IDS)
+    close(model.logits(IDS), ref, REFERENCE_BOUNDS["F32"])
+    model.cfg = replace(model.cfg, **fault)
+    local = rope_tables(model.cfg, 64, None, local=True)
+    model._rope = [local if is_local else r for is_local, r in zip(model.cfg.local, model._rope, strict=True)]
+    with pytest.raises(AssertionError):
+        close(model.logits(IDS), ref, REFERENCE_BOUNDS["F32"])
