@@ -214,3 +214,27 @@ def test_each_family_constant_is_checked(tmp_path, arch: str, fault: dict) -> No
     model._rope = [local if is_local else r for is_local, r in zip(model.cfg.local, model._rope, strict=True)]
     with pytest.raises(AssertionError):
         close(model.logits(IDS), ref, REFERENCE_BOUNDS["F32"])
+
+
+def test_context_shift_and_cache_reuse_with_rings(tmp_path) -> None:
+    """A Gemma 3 chat in a 320-token context (rings of 261 rows): every turn reuses the cache and, once the
+    context is full, shifts it; after each turn the cache's next logits equal a fresh evaluation's (exact mode)."""
+    from engine.chat import ChatSession
+    from engine.events import Message, TurnStats
+    from engine.kernels import float_products
+    from engine.sampling import SamplingSettings
+
+    from .compare import assert_cache_exactly_fresh
+
+    tiny = write_tiny_model(tmp_path / "gemma3.gguf", "gemma3", matrix_type=T.F32, n_ctx=512)
+    chat = ChatSession(load_model(tiny.path, n_ctx=320), SamplingSettings(temperature=0.0, max_tokens=120))
+    assert chat.session.cache.ring_rows == 261
+    messages, shifts = [], 0
+    with float_products():
+        for turn in range(4):
+            messages.append(Message("user", f"turn {turn}: tell me about the sea and the sky and the hills " * 2))
+            stats = [e for e in chat.stream_reply(messages) if isinstance(e, TurnStats)][-1]
+            messages.append(Message("assistant", stats.reply))
+            shifts += stats.context_shifts
+            assert_cache_exactly_fresh(chat)
+    assert shifts >= 3
