@@ -178,7 +178,8 @@ class ChatSession:
         settings = self.settings
         valid = settings.validated()[0]
         restored = 0
-        if self.kv_store is not None:  # a saved cache beats evaluating what it holds
+        # A saved cache beats evaluating what it holds; not worth a look when the session holds nearly all of it.
+        if self.kv_store is not None and common_prefix(self.session.tokens, prompt) < len(prompt) - RESTORE_MIN:
             restored = self.kv_store.restore(
                 self.session, self._model_key(), self._template_key(), prompt[:-1], RESTORE_MIN
             )
