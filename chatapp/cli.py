@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import signal
 import sys
 import threading
@@ -125,8 +126,9 @@ def _settings(args: argparse.Namespace):
         raise CliError(str(e)) from None
 
 
-def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool = True) -> Path:
-    """A catalog name or a path; the default catalog model is pulled on first use.
+def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool = True, pull: bool = False) -> Path:
+    """A catalog name or a path; the default catalog model (with `pull`, any catalog model) is pulled on first
+    use.
 
     With `console`, the pull draws a progress bar on the terminal; without (inside the TUI), progress goes
     through `say` as text lines.
@@ -140,12 +142,14 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
             return found
         say(f"downloading {spec} from the hub")
         return hub.pull(spec, progress_bars=console)
+    from .catalog import load_catalog
+
     try:
         return resolve_model(spec)
     except ModelError:
-        if spec != default_model_name():
+        if spec != default_model_name() and not (pull and spec in load_catalog()):
             raise
-    say(f"first start: downloading the default model {spec}")
+    say(f"first start: downloading the default model {spec}" if spec == default_model_name() else f"downloading {spec}")
     if console:
         return pull_with_progress(spec)
 
@@ -157,10 +161,10 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
     return ensure_model(spec, progress=report)
 
 
-def _load(args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True):
+def _load(args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True, pull: bool = False):
     from engine import load_model
 
-    path = resolve_model_path(settings.model, say, console=console)
+    path = resolve_model_path(settings.model, say, console=console, pull=pull)
     model = load_model(
         path,
         n_ctx=settings.n_ctx,
@@ -335,14 +339,21 @@ def cmd_tui(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
 
+    def factory_for_model(spec: str):
+        """A backend factory for the model `spec` (the picker's choice), with every other setting as given."""
+        return lambda progress: local_factory(progress, dataclasses.replace(settings, model=spec))
+
     def factory(progress: Callable[[str], None]):
+        return local_factory(progress, settings)
+
+    def local_factory(progress: Callable[[str], None], settings):
         from engine.chat import ChatSession
 
         from .catalog import load_catalog
         from .drafting import make_drafter
         from .naming import display_name
 
-        model = _load(args, settings, progress, console=False)
+        model = _load(args, settings, progress, console=False, pull=True)
         drafter = make_drafter(settings, model, lambda s: _load(args, s, progress, console=False), progress)
         from .kv_cache import kv_store_for
 
@@ -352,8 +363,12 @@ def cmd_tui(args: argparse.Namespace) -> int:
         chat.autosave = True
         return chat
 
+    from .model_choices import model_choices
+
     model_name = settings.model
+    choices, switch = (lambda: model_choices(settings.models_folder)), factory_for_model
     if settings.remote.enabled:
+        choices = switch = None  # the server's models: another -m
         from .remote_cli import open_remote, remote_label
 
         def factory(progress: Callable[[str], None]):  # noqa: F811 - the remote server instead
@@ -370,6 +385,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         system_prompt=settings.system_prompt,
         store_path=user_data_dir() / "conversations.db",
         theme=settings.theme,
+        model_choices=choices,
+        factory_for_model=switch,
     )
     return 0
 

@@ -70,6 +70,7 @@ class AppSettings:
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
+    models_folder: str = ""  # a folder of the user's own .gguf files, offered by the model picker; "" = none
     remote: RemoteSettings = RemoteSettings()  # enabled: replies come from that server, not the local engine
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
 
@@ -94,6 +95,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "device": _Rule(str, lambda v: v in DEVICES or v == "gpu", f"one of {', '.join(map(repr, DEVICES))}"),
     "gpu_layers": _Rule(int, lambda v: v >= -1, "≥ -1 (-1 = all)"),
     "theme": _Rule(str, lambda v: bool(v.strip()), "(a theme's name, e.g. \"textual-dark\")"),
+    "models_folder": _Rule(str),
     "system_prompt": _Rule(str),
     "model_draft": _Rule(str),
     "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),

@@ -27,6 +27,7 @@ from textual.worker import Worker, WorkerState
 
 from chatapp.attachments import AttachmentError, expand_read_command, read_attachment
 from chatapp.backend import ChatBackend
+from chatapp.model_choices import ModelChoice
 from chatapp.store import suggest_title
 from chatapp.tui.messages import (
     ModelFailed,
@@ -42,6 +43,7 @@ from chatapp.tui.widgets.attach import AttachScreen
 from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog
 from chatapp.tui.widgets.conversations import ConversationsScreen
 from chatapp.tui.widgets.inspector import InspectorScreen
+from chatapp.tui.widgets.model_picker import ModelPickerScreen
 from chatapp.tui.widgets.prompt_input import PromptInput
 from chatapp.tui.widgets.sampling_panel import SamplingPanel
 from chatapp.tui.widgets.status_bar import StatusBar
@@ -66,7 +68,7 @@ class ActiveReply:
 
 CHAT_ACTIONS = frozenset(
     {"stop", "cancel_edit", "new_chat", "regenerate", "edit_last", "copy_reply", "toggle_sampling"}
-    | {"inspect", "conversations", "system_prompt", "export", "scroll_chat", "attach"}
+    | {"inspect", "conversations", "system_prompt", "export", "scroll_chat", "attach", "switch_model"}
 )
 
 
@@ -87,6 +89,7 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "system_prompt", "System"),
         Binding("f8", "export", "Export", show=False),
         Binding("f9", "attach", "Attach", show=False),
+        Binding("f10", "switch_model", "Model", show=False),
         Binding("f1", "toggle_keys", "Keys", show=False),
         Binding("shift+pageup,ctrl+up", "scroll_chat(-1)", "Scroll up", show=False),
         Binding("shift+pagedown,ctrl+down", "scroll_chat(1)", "Scroll down", show=False),
@@ -109,8 +112,15 @@ class ChatApp(App[None]):
         export_dir: Path | None = None,
         theme: str | None = None,
         save_theme: Callable[[str], None] | None = None,
+        model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
+        factory_for_model: Callable[[str], BackendFactory] | None = None,
     ) -> None:
         super().__init__()
+        self.model_choices = model_choices
+        """What the model picker lists; None: no picker (a remote server, or a test's fixed backend)."""
+        self.factory_for_model = factory_for_model
+        """factory_for_model(spec): a backend factory that loads that model instead."""
+        self._switching: str | None = None  # the model being loaded in place of the current one
         self._chosen_theme = theme
         self._save_theme = save_theme
         """Called with a theme's name when the user picks one (not for the one the app starts with)."""
@@ -215,10 +225,36 @@ class ChatApp(App[None]):
         load_backend(self.backend_factory, self.post_message)
 
     def on_model_loading(self, message: ModelLoading) -> None:
+        if self._switching is not None:  # the current model stays in use meanwhile: the status line only
+            self.status.set_state("loading", f"{self._switching}: {message.text}")
+            return
         self.status.set_state("loading", message.text)
         self._show_banner("loading", message.text)
 
+    def action_switch_model(self) -> None:
+        if self.model_choices is None or self.factory_for_model is None:
+            self.notify("Models cannot be switched here.", severity="warning")
+            return
+        if self.generating or self._switching is not None:
+            self.notify("Wait for the reply (Esc stops it) or the load in progress.", severity="warning")
+            return
+        self.push_screen(ModelPickerScreen(self.model_choices(), current=self.model_name), self._switch_to)
+
+    def _switch_to(self, spec: str | None) -> None:
+        if spec is None or self.factory_for_model is None:
+            return
+        self._switching = spec
+        self.status.set_state("loading", f"{spec}…")
+        self._load_other_model(self.factory_for_model(spec))
+
+    @work(thread=True, group="load", exit_on_error=False)
+    def _load_other_model(self, factory: BackendFactory) -> None:
+        load_backend(factory, self.post_message)
+
     def on_model_ready(self, message: ModelReady) -> None:
+        switched, self._switching = self._switching, None
+        if switched is not None:
+            self._shown_warnings.clear()  # the new model's warnings are news
         backend = self.backend = message.backend
         self.model_name = getattr(backend, "model_name", "") or self.model_name
         self.status.model_name = self.model_name
@@ -235,8 +271,18 @@ class ChatApp(App[None]):
         self.status.show_stats(None)
         self._show_banner("ready")
         self._show_warnings()
+        if switched is not None:
+            self.state.model = self.model_name
+            self.notify(f"Now chatting with {self.model_name}; this chat carries over, and the next message "
+                        "evaluates it on the new model.", title="Model")  # fmt: skip
 
     def on_model_failed(self, message: ModelFailed) -> None:
+        failed, self._switching = self._switching, None
+        if failed is not None and self.backend is not None:  # the old model is still there: keep it
+            self.status.set_state("ready")
+            self.notify(f"{failed}: {message.error}. Still using {self.model_name}.",
+                        title="Couldn't switch the model", severity="error", timeout=15)  # fmt: skip
+            return
         self._load_error = message.error
         self.status.set_state("failed", message.error)
         self._show_banner("failed", message.error)
@@ -265,6 +311,9 @@ class ChatApp(App[None]):
             return False
         if self.generating:
             self.notify("A reply is being generated: Esc stops it, then send again.", severity="warning")
+            return False
+        if self._switching is not None:
+            self.notify(f"Loading {self._switching}; send when it is ready.", severity="warning")
             return False
         return True
 
@@ -675,6 +724,7 @@ class ChatApp(App[None]):
             "Saved chats", "List, resume, export or delete saved chats (ctrl+l)", self.action_conversations
         )
         yield SystemCommand("System prompt", "Edit the system prompt (ctrl+t)", self.action_system_prompt)
+        yield SystemCommand("Switch model", "Load another model; the chat carries over (F10)", self.action_switch_model)
         yield SystemCommand("Attach a file", "Put a text file into the message (F9, or /read PATH)", self.action_attach)
         yield SystemCommand("Export chat as Markdown", f"Write it into {self.export_dir} (F8)", self.action_export)
 
@@ -690,9 +740,12 @@ def run_app(
     system_prompt: str,
     store_path: Path | None,
     theme: str | None = None,
+    model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
+    factory_for_model: Callable[[str], BackendFactory] | None = None,
 ) -> None:
     """Run the chat UI. `backend_factory(progress)` loads the model in a worker thread, reporting progress
-    lines through `progress`; `store_path=None` turns history off."""
+    lines through `progress`; `store_path=None` turns history off; the model picker offers `model_choices()`
+    and loads one with `factory_for_model(spec)`."""
     from chatapp import paths
     from chatapp.settings import save_user_setting
 
@@ -714,6 +767,8 @@ def run_app(
         export_dir=paths.user_data_dir() / "exports",
         theme=theme,
         save_theme=lambda name: save_user_setting("theme", name),
+        model_choices=model_choices,
+        factory_for_model=factory_for_model,
     )
     try:
         app.run()
