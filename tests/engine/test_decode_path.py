@@ -80,6 +80,29 @@ def test_causal_attention_matches_reference(t: int, start: int, parallel_blas: b
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("parallel_blas", [True, False], ids=["sgemm-in-kernel", "numpy-fallback"])
+@pytest.mark.parametrize(("t", "start"), [(1, 0), (1, 57), (5, 3), (6, 50)])
+def test_sliding_window_softcap_and_ring(t: int, start: int, parallel_blas: bool, monkeypatch) -> None:
+    """Attention over a ring cache (position p in row p % 16) with a window of 8, soft-capped scores and a
+    scale of its own, against the oracle over the same keys in position order."""
+    if not parallel_blas:
+        monkeypatch.setattr(kernels, "_sgemm_address", [0])
+    rng = np.random.default_rng(t + start)
+    n_head, n_kv, hd, rows, window, cap, scale = 4, 2, 32, 16, 8, 2.0, 0.3
+    end = start + t
+    q = rng.standard_normal((t, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((n_kv, end, hd)).astype(np.float16)  # every position's key, in order
+    v = rng.standard_normal((n_kv, end, hd)).astype(np.float16)
+    kc = np.zeros((n_kv, rows, hd), dtype=np.float16)
+    vc = np.zeros((n_kv, rows, hd), dtype=np.float16)
+    for p in range(end):  # written in order, as the forward pass does: the ring keeps the latest
+        kc[:, p % rows], vc[:, p % rows] = k[:, p], v[:, p]
+    ours = causal_attention(q, kc, vc, start, scale, window, cap)
+    lo = max(0, start - window + 1)
+    k32, v32 = k[:, lo:].astype(np.float32), v[:, lo:].astype(np.float32)
+    np.testing.assert_allclose(ours, attention(q, k32, v32, start, lo, scale, window, cap), rtol=1e-4, atol=1e-5)
+
+
 def _reference_eval(session, ids: list[int]) -> np.ndarray:
     """session.eval(ids) with single tokens on the reference NumPy path instead of the one-call layer."""
     session.model.fused_decode = False
