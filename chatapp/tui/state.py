@@ -156,6 +156,10 @@ def stats_line(stats: TurnStats) -> str:
         f"{stats.generated_tokens} tokens",
         f"stop: {stats.stop_reason}",
     ]
+    if stats.drafter:
+        parts.insert(2, f"{stats.drafter}: {stats.acceptance_rate:.0%} accepted, {stats.tokens_per_pass:.2f}/pass")
+    if stats.restored_tokens:
+        parts.append(f"{stats.restored_tokens:,} tokens from the saved cache")
     if stats.device:
         parts.append(stats.device)
     if stats.dropped_messages:

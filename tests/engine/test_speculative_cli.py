@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from chatapp.cli import main
@@ -46,7 +48,7 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
     from textual.app import App
     from textual.widgets import DataTable
 
-    from chatapp.tui.state import Turn, stats_from_dict, stats_to_dict
+    from chatapp.tui.state import Turn, stats_from_dict, stats_line, stats_to_dict
     from chatapp.tui.widgets.inspector import InspectorScreen
     from engine.events import STOP_EOS, TokenEvent, TurnStats
 
@@ -59,6 +61,8 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
                       draft_accepted=1, target_passes=1)  # fmt: skip
     stats, tokens, _ = stats_from_dict(stats_to_dict(stats, tokens))
     assert tokens[2].drafted and stats.acceptance_rate == 0.5 and stats.tokens_per_pass == 2.0
+    assert "lookup: 50% accepted, 2.00/pass" in stats_line(stats)
+    assert "from the saved cache" in stats_line(replace(stats, restored_tokens=1200))
 
     class Host(App[None]):
         def on_mount(self) -> None:
