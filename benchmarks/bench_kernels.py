@@ -1,14 +1,17 @@
-"""Decode kernels, old (per-row, file layout) against new (repacked, int8 activations): GB/s per format and shape.
+"""Decode kernels of this CPU's kernel set ("new") against another set ("old", --against: AVX2 by default, the
+kernels before the AVX-512 ones; `portable` for the plain vector IR): GB/s per format and shape.
 
     .venv/bin/python benchmarks/bench_kernels.py [--threads 2] [--rounds 5] [--cold] [--formats Q4_1,Q8_0]
     .venv/bin/python benchmarks/bench_kernels.py --model ~/.cache/chatapp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    .venv/bin/python benchmarks/bench_kernels.py --against portable --no-old   # the host set alone
     .venv/bin/python benchmarks/bench_kernels.py --prefill --formats none   # prompt products only
 
-GB/s counts the weight's bytes in the file encoding. Each variant is timed in alternating rounds within one
-process, and the best round is reported (the machine may be shared: the best round is the least disturbed one);
-"cpu" is bytes per CPU-second (process_time), which other processes disturb less than wall time but which also
-counts OpenMP threads spinning. --cold rotates through copies of the weight that together exceed the L3 cache,
-as decoding does; without it one weight is reused and mostly sits in cache.
+Both sets are compiled in this one process (simd.build_kernels; the old set's weights packed in its own
+layout) and must be runnable here. GB/s counts the weight's bytes in the file encoding. The variants are timed
+in alternating rounds, and the best round is reported (the machine may be shared: the best round is the least
+disturbed one); "cpu" is bytes per CPU-second (process_time), which other processes disturb less than wall time
+but which also counts OpenMP threads spinning. --cold rotates through copies of the weight that together exceed
+the L3 cache, as decoding does; without it one weight is reused and mostly sits in cache.
 --model times every matrix of a real model in decode order (one token's products) and projects tokens/s.
 """
 
@@ -19,6 +22,7 @@ import os
 import resource
 import sys
 import time
+import types
 from pathlib import Path
 
 os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
@@ -29,8 +33,17 @@ import numpy as np  # noqa: E402
 from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-from engine.kernels import QUANTIZED, WeightMatrix, cpu, matmul, matvec, matvec_many  # noqa: E402
-from engine.kernels.blocks import F16_TABLE  # noqa: E402
+from engine.kernels import (  # noqa: E402
+    PARALLEL_MIN_BYTES,
+    QUANTIZED,
+    WeightMatrix,
+    matmul,
+    matvec,
+    matvec_many,
+    packed,
+    simd,
+)
+from engine.kernels import cpu as cpu_kernels  # noqa: E402
 
 # (rows, cols) of the decode products in the two real models
 SHAPES = {
@@ -54,6 +67,39 @@ def random_weight(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> n
     for off in HALF_FIELDS[qtype]:
         raw[:, off : off + 2] = rng.uniform(-0.1, 0.1, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
     return raw.reshape(rows, -1)
+
+
+class OtherKernels:
+    """The decode products of another kernel set, compiled in this process: `pack` a file weight into its layout,
+    `matvec` it as engine.kernels.matvec does (serial below PARALLEL_MIN_BYTES)."""
+
+    def __init__(self, isa: str):
+        self.kernels = simd.kernel_set(isa, simd.KERNELS.f16c)
+        ns = types.ModuleType(f"simd_{isa}")  # a module, as group_simd's `simd.` lookups need
+        ns.__dict__.update(simd.build_kernels(self.kernels))
+        group = numba.njit(nogil=True)(_rebound(packed.group_simd, simd=ns))
+        self._parallel = numba.njit(parallel=True, nogil=True)(_rebound(packed.matvec, group_simd=group))
+        self._serial = numba.njit(nogil=True)(_rebound(packed.matvec_serial, group_simd=group))
+
+    def pack(self, code: int, rows: int, cols: int, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        qb, copies, halves = packed.layout_tables(code)
+        block, block_bytes = cpu_kernels.BLOCK[code]
+        lanes, width = self.kernels.layout(code)
+        g = -(-rows // packed.ROWS)
+        q = np.zeros((g, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
+        s = np.zeros((g, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
+        packed.pack(np.ascontiguousarray(raw), code, block_bytes, copies, halves, q, s)
+        return q, s
+
+    def matvec(self, q: np.ndarray, s: np.ndarray, code: int, x: np.ndarray, out: np.ndarray) -> None:
+        fn = self._serial if q.nbytes + s.nbytes < PARALLEL_MIN_BYTES else self._parallel
+        fn(q, s, code, x, out)
+
+
+def _rebound(dispatcher, **names) -> types.FunctionType:
+    """A compiled function's Python source with some of its globals replaced (to compile it again with them)."""
+    py = dispatcher.py_func
+    return types.FunctionType(py.__code__, {**py.__globals__, **names}, py.__name__, py.__defaults__, py.__closure__)
 
 
 def timed(fn, n: int) -> tuple[float, float]:
@@ -101,10 +147,11 @@ def bench_shapes(args: argparse.Namespace) -> None:
             x = rng.standard_normal(cols).astype(np.float32)
             out = np.empty(rows, dtype=np.float32)
             it = {"old": 0, "new": 0}
+            olds = [] if args.no_old else [args.old.pack(code, rows, cols, r) for r in raws]
 
-            def old(it=it, ws=ws, x=x, out=out, code=code):
-                it["old"] = (it["old"] + 1) % len(ws)
-                cpu.matvec(ws[it["old"]].data, code, F16_TABLE, x, out)
+            def old(it=it, olds=olds, x=x, out=out, code=code):
+                it["old"] = (it["old"] + 1) % len(olds)
+                args.old.matvec(*olds[it["old"]], code, x, out)
 
             def new(it=it, ws=ws, x=x, out=out):
                 it["new"] = (it["new"] + 1) % len(ws)
@@ -177,12 +224,14 @@ def bench_model(args: argparse.Namespace) -> None:
     names = [n for n, e in f.tensors.items() if len(e.shape) == 2 and n != "token_embd.weight"]
     if "output.weight" not in f.tensors:
         names.append("token_embd.weight")  # tied output
-    ws = []
+    ws, olds = [], []
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t, c = time.perf_counter(), time.process_time()
     for n in names:
         e = f.tensors[n]
         w = WeightMatrix.from_raw(n, e.ggml_type, e.shape[1], e.shape[0], e.data)
+        if not args.no_old:  # before prepare() releases the file pages
+            olds.append(args.old.pack(QUANTIZED[w.ggml_type], w.rows, w.cols, w.data))
         ws.append(w.prepare())
     pack_wall, pack_cpu = time.perf_counter() - t, time.process_time() - c
     total = sum(w.data.nbytes for w in ws)
@@ -194,31 +243,35 @@ def bench_model(args: argparse.Namespace) -> None:
     xs = {w.cols: np.random.default_rng(0).standard_normal(w.cols).astype(np.float32) for w in ws}
     outs = [np.empty(w.rows, dtype=np.float32) for w in ws]
 
-    def token():
-        for w, o in zip(ws, outs, strict=True):
-            matvec(w, xs[w.cols], o)
+    def products(idx: list[int]) -> dict:
+        def new():
+            for i in idx:
+                matvec(ws[i], xs[ws[i].cols], outs[i])
 
-    best = race({"token": token}, args.rounds, max(args.budget, 0.5))
-    w, c = best["token"]
-    print(
-        f"one token's {len(ws)} matvecs: {w * 1e3:.2f} ms wall ({total / w / 1e9:.2f} GB/s) -> {1 / w:.1f} tok/s "
-        f"upper bound; cpu {c * 1e3:.2f} ms"
-    )
-    by_type: dict[str, list[WeightMatrix]] = {}
-    for wm in ws:
-        by_type.setdefault(wm.ggml_type.name, []).append(wm)
-    for name, group in by_type.items():
-        gb = sum(wm.data.nbytes for wm in group)
+        def old():
+            for i in idx:
+                args.old.matvec(*olds[i], QUANTIZED[ws[i].ggml_type], xs[ws[i].cols], outs[i])
 
-        def run(group=group):
-            for wm in group:
-                matvec(wm, xs[wm.cols], np.empty(wm.rows, dtype=np.float32))
+        return {"new": new} if args.no_old else {"old": old, "new": new}
 
-        bw, bc = race({name: run}, args.rounds, 0.3)[name]
-        print(
-            f"  {name:5s} {len(group):4d} matrices {gb / 1e6:7.1f} MB  {bw * 1e3:7.2f} ms  {gb / bw / 1e9:6.2f} GB/s "
-            f"(cpu {gb / bc / 1e9:6.2f})"
-        )
+    def report(label: str, nbytes: int, best: dict) -> None:
+        cells = [
+            f"{name} {args.isa[name]} {w * 1e3:7.2f} ms {nbytes / w / 1e9:6.2f} GB/s (cpu {nbytes / c / 1e9:6.2f})"
+            for name, (w, c) in best.items()
+        ]
+        ratio = f"  new/old {best['old'][0] / best['new'][0]:.2f}x" if "old" in best else ""
+        print(f"  {label}: " + "; ".join(cells) + ratio)
+
+    every = list(range(len(ws)))
+    best = race(products(every), args.rounds, max(args.budget, 0.5))
+    report(f"one token's {len(ws)} matvecs, {total / 1e6:.0f} MB", total, best)
+    print(f"  -> {1 / best['new'][0]:.1f} tok/s upper bound (new)")
+    by_type: dict[str, list[int]] = {}
+    for i, wm in enumerate(ws):
+        by_type.setdefault(wm.ggml_type.name, []).append(i)
+    for name, idx in by_type.items():
+        gb = sum(ws[i].data.nbytes for i in idx)
+        report(f"{name:5s} {len(idx):4d} matrices {gb / 1e6:7.1f} MB", gb, race(products(idx), args.rounds, 0.3))
 
 
 def main() -> None:
@@ -228,13 +281,19 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.2, help="seconds per variant per round")
     ap.add_argument("--cold", action="store_true", help="rotate weights past the L3 cache")
     ap.add_argument("--formats", type=lambda s: s.split(","), default=None)
-    ap.add_argument("--no-old", action="store_true", help="skip the old kernels (slow)")
+    ap.add_argument("--no-old", action="store_true", help="skip the old kernels")
+    ap.add_argument("--against", default="avx2", help="the old kernel set: avx2 (default), avxvnni, ..., portable")
     ap.add_argument("--model", help="time every decode matrix of this GGUF file")
     ap.add_argument("--skip-launch", action="store_true")
     ap.add_argument("--prefill", action="store_true", help="also time prompt products (matmul)")
     args = ap.parse_args()
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    print(f"threads {numba.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
+    args.old = None if args.no_old else OtherKernels(args.against)
+    args.isa = {"new": simd.KERNELS.isa, "old": args.against}
+    print(
+        f"threads {numba.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (1 min) / "
+        f"{os.getloadavg()[1]:.1f} (5 min); new = {simd.KERNELS.isa} on {simd.TARGET_NAME}, old = {args.against}"
+    )
     if args.model:
         bench_model(args)
         return

@@ -1,4 +1,5 @@
-"""Process-wide Numba settings: which threading layer runs `prange`, and how many threads.
+"""Process-wide Numba settings: which threading layer runs `prange`, how many threads, the kernel cache folder,
+and the instruction set the block kernels are emitted for.
 
 Numba's default `workqueue` layer costs 135-245 µs per parallel launch here against 6-45 µs for OpenMP,
 and a token makes hundreds of launches, so OpenMP is preferred whenever it loads.
@@ -9,25 +10,74 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+# The block kernels' instruction sets (engine/kernels/simd.py), best first.
+AVX512_VNNI = "avx512vnni"  # 512-bit vpdpbusd (and 512-bit pmaddubsw for the formats without a quad kernel)
+AVX_VNNI = "avxvnni"  # 256-bit vpdpbusd, VEX-encoded (CPUs with VNNI but no AVX-512)
+AVX512_BW = "avx512bw"  # 512-bit pmaddubsw
+AVX2 = "avx2"  # 256-bit pmaddubsw
+PORTABLE = "portable"  # plain LLVM vector IR: whatever the target has
+
+
+def kernel_isa(features: Iterable[str]) -> str:
+    """The best instruction set of the block kernels that a CPU with these LLVM features (names without the
+    leading '+', as in NUMBA_CPU_FEATURES) runs."""
+    f = set(features)
+    avx512 = {"avx512f", "avx512bw"} <= f
+    if avx512 and "avx512vnni" in f:
+        return AVX512_VNNI
+    if {"avx2", "avxvnni"} <= f:
+        return AVX_VNNI
+    if avx512:
+        return AVX512_BW
+    if "avx2" in f:
+        return AVX2
+    return PORTABLE
+
+
+def compile_target(environ: Mapping[str, str]) -> tuple[str, frozenset[str]]:
+    """The CPU name and LLVM features that Numba will compile for, found as Numba finds them (before it loads):
+    NUMBA_CPU_NAME and NUMBA_CPU_FEATURES when set, else the host's, without AVX under NUMBA_ENABLE_AVX=0."""
+    import llvmlite.binding as llvm
+
+    name = environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
+    flat = environ.get("NUMBA_CPU_FEATURES")
+    if flat is None and name.lower() == "generic":
+        flat = ""
+    if flat is None:
+        try:
+            host = llvm.get_host_cpu_features()
+        except RuntimeError:
+            host = {}
+        if environ.get("NUMBA_ENABLE_AVX") == "0":
+            host = {k: v and not k.startswith("avx") for k, v in host.items()}
+        return name, frozenset(k for k, v in host.items() if v)
+    return name, frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
 
 
 def _kernel_cache_dir() -> Path:
-    """Numba's on-disk cache, in a folder named after a hash of every kernel source file.
+    """Numba's on-disk cache, in a folder named after a hash of every kernel source file and of the CPU the
+    kernels are compiled for, led by its instruction set's name (`avx512vnni-3f2a...`).
 
     Numba keys a cached function on its own file's timestamp only, so an edit to an inlined helper in another
-    module would leave a stale kernel in use. A new hash of the sources means a new, empty folder.
+    module would leave a stale kernel in use. A new hash of the sources means a new, empty folder. Numba checks
+    the CPU name and features of each cached kernel too; the folder keeps each CPU's kernels apart besides,
+    so a cache folder shared between machines never hands one machine's instructions to another.
     """
+    name, features = compile_target(os.environ)
     h = hashlib.sha256()
     for source in sorted((Path(__file__).parent / "kernels").glob("*.py")):
         h.update(source.name.encode())
         h.update(source.read_bytes())
+    h.update(repr((name, sorted(features))).encode())
     base = os.environ.get("CHATAPP_CACHE_DIR")
     if not base:
         import platformdirs
 
         base = platformdirs.user_cache_dir("chatapp")
-    return Path(base) / "numba" / h.hexdigest()[:16]
+    return Path(base) / "numba" / f"{kernel_isa(features)}-{h.hexdigest()[:16]}"
 
 
 # Both must be in the environment before numba is first imported anywhere in the process.

@@ -119,7 +119,7 @@ def float_products() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """W regrouped for the decode kernels: q uint8 (G, nb, ROWS/16, QB/2, 16, 2), s uint16 (G, nb, NS, ROWS)."""
+    """W regrouped for the decode kernels: q uint8 (G, nb, ROWS/L, QB/W, L, W), s uint16 (G, nb, NS, ROWS)."""
 
     code: int  # ggml type id
     q: np.ndarray
@@ -138,7 +138,8 @@ class PackedWeight:
         qb, copies, halves = packed.layout_tables(code)
         block, block_bytes = cpu.BLOCK[code]
         n_groups = -(-rows // packed.ROWS)
-        q = np.zeros((n_groups, cols // block, packed.ROWS // packed.LANES, qb // 2, packed.LANES, 2), dtype=np.uint8)
+        lanes, width = packed.layout(code)  # this CPU's kernels' layout
+        q = np.zeros((n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
         s = np.zeros((n_groups, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
         raw = np.ascontiguousarray(raw)
         step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice

@@ -8,6 +8,8 @@ outside the block loop, so it costs one comparison chain per row.
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
 from .blocks import (
@@ -32,22 +34,11 @@ from .blocks import (
 )
 
 # ggml type ids
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
 
-# (values per block, bytes per block)
-BLOCK = {
-    Q4_0: (32, 18),
-    Q4_1: (32, 20),
-    Q5_0: (32, 22),
-    Q5_1: (32, 24),
-    Q8_0: (32, 34),
-    Q2_K: (256, 84),
-    Q3_K: (256, 110),
-    Q4_K: (256, 144),
-    Q5_K: (256, 176),
-    Q6_K: (256, 210),
-}
+# (values per block, bytes per block), from gguf
+BLOCK = {code: GGML_QUANT_SIZES[T(code)] for code in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
 
 
 @njit(inline="always", cache=True, nogil=True)

@@ -3,13 +3,14 @@
 A GGUF row stores its blocks back to back, so a per-row dot reduces 16-32 products per block horizontally,
 which Numba compiles poorly (PERF-FACTS: ~2 GB/s). Here W (d, n) is regrouped once, at first use, into
 
-    q  uint8  (G, nb, ROWS/16, QB/2, 16, 2)  quant bytes: byte k of block b of row g*ROWS + 16c + l
-                                             at q[g, b, c, k//2, l, k%2] (`qbyte`)
-    s  uint16 (G, nb, NS, ROWS)              the block's 16-bit fields (half-float scales), rows innermost
+    q  uint8  (G, nb, ROWS/L, QB/W, L, W)  quant bytes: byte k of block b of row g*ROWS + Lc + l
+                                           at q[g, b, c, k//W, l, k%W] (`qbyte`)
+    s  uint16 (G, nb, NS, ROWS)            the block's 16-bit fields (half-float scales), rows innermost
 
 with G = ceil(d / ROWS) row groups (the last one zero-padded) and nb blocks per row. Rows are innermost, so a
-kernel works on 16 rows at once with vertical SIMD and no horizontal sums; bytes stay in pairs for pmaddubsw
-(simd.py); each 16-row chunk of a block is contiguous, so the kernels read memory in order. The packed form
+kernel works on L rows at once (one register) with vertical SIMD and no horizontal sums; each row's bytes stay
+W together, in pairs for pmaddubsw or quads for vpdpbusd: (L, W) is `layout(code)`, from the kernel set for
+this CPU (simd.KERNELS). Each L-row chunk of a block is contiguous, so the kernels read memory in order. The packed form
 holds the same bytes as the file (Q4_K: +4 bytes per 144, its 6-bit scales unpacked), so packing does not
 grow memory.
 
@@ -49,7 +50,6 @@ from .blocks import i8, k4_scale_min, q3_k_scale
 from .cpu import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _deq_row
 
 ROWS = simd.ROWS  # rows per group
-LANES = simd.LANES  # rows per chunk: one register of byte pairs
 TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
 PER_ITEM = 16  # tokens per parallel item of `matmul`: a multiple of TILE
 
@@ -67,6 +67,11 @@ LAYOUT = {
     Q6_K: (208, ((0, 0, 208),), (208,)),
 }
 PACKED_CODES = frozenset(LAYOUT)
+
+
+def layout(code: int) -> tuple[int, int]:
+    """(L rows per register, W bytes of a row side by side) of format `code`'s packed q on this CPU."""
+    return simd.KERNELS.layout(code)
 
 
 def layout_tables(code: int) -> tuple[int, np.ndarray, np.ndarray]:
@@ -126,8 +131,16 @@ def bits(typingctx, x, shift, mask):
 
 @njit(inline="always", cache=True, nogil=True)
 def qbyte(q, g, b, k, r):
-    """Byte k of block b of row g*ROWS + r in the packed q."""
-    return q[g, b, r // LANES, k >> 1, r % LANES, k & 1]
+    """Byte k of block b of row g*ROWS + r in the packed q (any layout: L and W are q's last two axes)."""
+    n, w = q.shape[4], q.shape[5]
+    return q[g, b, r // n, k // w, r % n, k % w]
+
+
+@njit(inline="always", cache=True, nogil=True)
+def set_qbyte(q, g, b, k, r, v):
+    """qbyte(q, g, b, k, r) = v."""
+    n, w = q.shape[4], q.shape[5]
+    q[g, b, r // n, k // w, r % n, k % w] = v
 
 
 # ---- activations ----------------------------------------------------------------------------------------
@@ -422,7 +435,7 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s), with simd.py's block kernels."""
     acc[:] = 0
     nb = q.shape[1]
-    qstep = q.shape[2] * q.shape[3] * q.shape[4] * 2  # bytes per block of the group
+    qstep = q.shape[2] * q.shape[3] * q.shape[4] * q.shape[5]  # bytes per block of the group
     sstep = s.shape[2] * ROWS
     qf = q.reshape(-1)
     sf = s.reshape(-1)
@@ -464,20 +477,22 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
 
 
 @njit(cache=True, nogil=True)
-def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
+def group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i0, acc):
     """acc (TILE, ROWS) = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens i0 <= i < i0 + TILE (prefill).
 
-    xq2 (t, n/32, 64) int8: every token's xq with each byte pair written twice (`double_pairs`); dx (t, n/32),
-    xsum (t, n/32, 2) as from quantize_x. The tile kernels decode each block's bytes once for all TILE tokens;
-    each token's result is group_simd's for that token, bit for bit.
+    xq (t, n/32, 32), dx (t, n/32), xsum (t, n/32, 2) as from quantize_x; xq2 (t, n/32, 64): every token's
+    xq with each byte pair written twice (`double_pairs`), which the pair kernels read. The tile kernels decode
+    each block's bytes once for all TILE tokens; each token's result is group_simd's for that token, bit for
+    bit.
     """
     acc[:] = 0
     nb = q.shape[1]
-    qstep = q.shape[2] * q.shape[3] * q.shape[4] * 2  # bytes per block of the group
+    qstep = q.shape[2] * q.shape[3] * q.shape[4] * q.shape[5]  # bytes per block of the group
     sstep = s.shape[2] * ROWS
     qf = q.reshape(-1)
     sf = s.reshape(-1)
-    xf = xq2.reshape(-1)
+    xf = xq.reshape(-1)
+    xf2 = xq2.reshape(-1)
     dxf = dx.reshape(-1)
     xsf = xsum.reshape(-1)
     af = acc.reshape(-1)
@@ -489,39 +504,44 @@ def group_simd_tile(q, s, code, g, xq2, dx, xsum, i0, acc):
     b0 = i0 * nx  # token i0's first 32-block in dx, xsum
     if code == Q4_0:
         for b in range(nb):
-            simd.block_q4_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+            so = s0 + b * sstep
+            simd.block_q4_0_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q4_1:
         for b in range(nb):
-            simd.block_q4_1_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+            so = s0 + b * sstep
+            simd.block_q4_1_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q5_0:
         for b in range(nb):
-            simd.block_q5_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+            so = s0 + b * sstep
+            simd.block_q5_0_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q5_1:
         for b in range(nb):
-            simd.block_q5_1_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+            so = s0 + b * sstep
+            simd.block_q5_1_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q8_0:
         for b in range(nb):
-            simd.block_q8_0_tile(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
+            so = s0 + b * sstep
+            simd.block_q8_0_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 32, n, dxf, xsf, b0 + b, nx, af)
     elif code == Q2_K:
         for b in range(nb):
             so = s0 + b * sstep
-            simd.block_q2_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+            simd.block_q2_k_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q3_K:
         for b in range(nb):
             so = s0 + b * sstep
-            simd.block_q3_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+            simd.block_q3_k_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q4_K:
         for b in range(nb):
             so = s0 + b * sstep
-            simd.block_q4_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+            simd.block_q4_k_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q5_K:
         for b in range(nb):
             so = s0 + b * sstep
-            simd.block_q5_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+            simd.block_q5_k_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
     elif code == Q6_K:
         for b in range(nb):
             so = s0 + b * sstep
-            simd.block_q6_k_tile(qf, q0 + b * qstep, sf, so, xf, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
+            simd.block_q6_k_tile(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * 256, n, dxf, xsf, b0 + b * 8, nx, af)
 
 
 # ---- drivers --------------------------------------------------------------------------------------------
@@ -591,7 +611,7 @@ def matmul(q, s, code, xs, out):
         acc = np.empty((TILE, ROWS), dtype=np.float32)
         t_tiled = t0 + (t1 - t0) // TILE * TILE
         for i in range(t0, t_tiled, TILE):
-            group_simd_tile(q, s, code, g, xq2, dx, xsum, i, acc)
+            group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i, acc)
             for k in range(TILE):
                 for r in range(rows):
                     out[i + k, g * ROWS + r] = acc[k, r]
@@ -659,28 +679,31 @@ def qh_unorder(h):
 
 @njit(parallel=True, cache=True, nogil=True)
 def pack(raw, code, block_bytes, copies, halves, q, s):
-    """raw uint8 (d, row_bytes), the file's rows -> q, s (zero-initialised by the caller).
+    """raw uint8 (d, row_bytes), the file's rows -> q, s (zero-initialised by the caller, in `layout(code)`).
 
     Every copied field starts at an even offset of an even-sized block, so q's byte pairs are the file's
-    16-bit words: the copy is a transpose of 16-bit words, read in file order, rows becoming innermost.
+    16-bit words: the copy moves 16-bit words, read in file order, rows becoming innermost (W/2 words of a
+    row side by side).
     """
     d = raw.shape[0]
     nb = q.shape[1]
-    words = q.shape[3]  # 16-bit words per block row
+    lanes, hw = q.shape[4], q.shape[5] // 2  # rows per chunk, 16-bit words of a row side by side
+    words = q.shape[3] * hw  # 16-bit words per block row
     w = block_bytes // 2
     raw16 = raw.view(np.uint16)
     q16 = q.view(np.uint16).reshape(-1)
     for g in prange(q.shape[0]):
         for r in range(min(ROWS, d - g * ROWS)):
             src_row = raw16[g * ROWS + r]
-            c, lane = r // LANES, r % LANES
+            c, lane = r // lanes, r % lanes
             for b in range(nb):
-                base = ((g * nb + b) * (ROWS // LANES) + c) * words * LANES + lane
+                base = ((g * nb + b) * (ROWS // lanes) + c) * words * lanes + lane * hw
                 for cp in range(copies.shape[0]):
                     src = b * w + copies[cp, 0] // 2
-                    dst = base + (copies[cp, 1] // 2) * LANES
+                    k0 = copies[cp, 1] // 2
                     for k in range(copies[cp, 2] // 2):
-                        q16[dst + k * LANES] = src_row[src + k]
+                        kk = k0 + k
+                        q16[base + (kk // hw) * lanes * hw + kk % hw] = src_row[src + k]
                 for h in range(halves.shape[0]):
                     s[g, b, h, r] = src_row[b * w + halves[h] // 2]
                 if code == Q5_0 or code == Q5_1:  # the last two fields are qh
@@ -690,13 +713,13 @@ def pack(raw, code, block_bytes, copies, halves, q, s):
                 elif code == Q3_K:
                     row = raw[g * ROWS + r]
                     for j in range(16):
-                        q[g, b, c, 48 + (j >> 1), lane, j & 1] = np.uint8(q3_k_scale(row, b * block_bytes, j) & 255)
+                        set_qbyte(q, g, b, 96 + j, r, np.uint8(q3_k_scale(row, b * block_bytes, j) & 255))
                 elif code == Q4_K or code == Q5_K:
                     row = raw[g * ROWS + r]
                     for j in range(8):
                         sc, m = k4_scale_min(row, b * block_bytes, j)
-                        q[g, b, c, 64 + (j >> 1), lane, j & 1] = sc
-                        q[g, b, c, 68 + (j >> 1), lane, j & 1] = m
+                        set_qbyte(q, g, b, 128 + j, r, sc)
+                        set_qbyte(q, g, b, 136 + j, r, m)
 
 
 @njit(inline="always", cache=True, nogil=True)

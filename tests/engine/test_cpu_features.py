@@ -1,19 +1,194 @@
-"""The kernels' instruction set follows the CPU the process runs on."""
+"""The kernels' instruction set follows the CPU the process compiles for, and every set gives the same numbers.
+
+Selection is a pure function of a feature set (engine.runtime.kernel_isa, then simd.kernel_set), tested for
+each set. Each instruction set this host can run is then compiled in a subprocess for a CPU that has only its
+features (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: a lesser CPU emulated), checked against gguf's dequantize and
+the plain-loop reference there, and compared bit for bit with the host's own kernels.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from engine.kernels import simd
+import numpy as np
+import pytest
+
+from engine import runtime
+from engine.kernels import cpu, simd
+from engine.runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, kernel_isa
+
+REPO = Path(__file__).resolve().parents[2]
+
+ZEN3 = {"sse2", "ssse3", "sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "bmi2"}
+SKYLAKE_X = ZEN3 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
+ALDER_LAKE = ZEN3 | {"avxvnni"}
+ZEN4 = SKYLAKE_X | {"avx512vnni", "avx512bf16", "avxvnni"}
+CASCADE_LAKE = SKYLAKE_X | {"avx512vnni"}
 
 
-def host_flags() -> set[str]:
-    """The feature flags the kernel reports for the first CPU (/proc/cpuinfo)."""
+@pytest.mark.parametrize(
+    ("features", "isa"),
+    [
+        (set(), PORTABLE),
+        ({"sse2", "sse4.2", "avx", "f16c"}, PORTABLE),  # Sandy/Ivy Bridge: AVX without AVX2
+        (ZEN3, AVX2),
+        (ALDER_LAKE, AVX_VNNI),
+        (SKYLAKE_X, AVX512_BW),
+        (CASCADE_LAKE, AVX512_VNNI),
+        (ZEN4, AVX512_VNNI),
+        (ZEN3 | {"avx512f"}, AVX2),  # AVX-512 without BW has no 512-bit byte products
+        (ZEN3 | {"avx512f", "avx512vnni"}, AVX2),
+        ({"avxvnni"}, PORTABLE),  # VNNI is of no use without the AVX2 integer vectors
+    ],
+)
+def test_instruction_set_for_each_feature_set(features: set[str], isa: str) -> None:
+    assert kernel_isa(features) == isa
+
+
+def test_each_kernel_set_lays_each_format_out_for_its_instructions() -> None:
+    pair, quad = sorted(cpu.BLOCK.keys() - simd.QUAD_CODES), sorted(simd.QUAD_CODES)
+    expect = {  # isa: (L, W) of the pair formats, of the quad formats
+        AVX512_VNNI: ((32, 2), (16, 4)),
+        AVX_VNNI: ((16, 2), (8, 4)),
+        AVX512_BW: ((32, 2), (32, 2)),
+        AVX2: ((16, 2), (16, 2)),
+        PORTABLE: ((16, 2), (16, 2)),
+    }
+    for isa, (pair_layout, quad_layout) in expect.items():
+        ks = simd.kernel_set(isa)
+        assert [ks.layout(c) for c in pair] == [pair_layout] * len(pair), isa
+        assert [ks.layout(c) for c in quad] == [quad_layout] * len(quad), isa
+        for c in cpu.BLOCK:  # a register holds L rows of W bytes; the 64-row group is whole chunks
+            lanes, width = ks.layout(c)
+            assert lanes * width == ks.vector_bytes and simd.ROWS % lanes == 0
+    with pytest.raises(ValueError, match="sse9"):
+        simd.kernel_set("sse9")
+
+
+def test_the_host_kernels_follow_the_compile_target() -> None:
+    """What runtime finds before Numba loads (the cache folder's key) is what Numba compiles for."""
+    name, features = runtime.compile_target(os.environ)
+    assert (name, features) == (simd.TARGET_NAME, simd.TARGET_FEATURES)
+    assert simd.KERNELS.isa == kernel_isa(features)
+    assert simd.KERNELS.f16c == ("f16c" in features)
+    assert runtime.KERNEL_CACHE_DIR.name.startswith(simd.KERNELS.isa + "-")
+
+
+def test_host_flags_reach_the_kernel_set() -> None:
+    """Against the kernel's own view of the CPU (/proc/cpuinfo), unless the target was overridden."""
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        pytest.skip("the compile target is overridden")
+    flags = _proc_flags()
+    linux = {"avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}
+    host = {llvm for llvm, proc in linux.items() if proc in flags} | ({"avx2"} & flags)
+    assert simd.KERNELS.isa == kernel_isa(host)
+
+
+def test_the_cache_folder_is_keyed_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", _features_string(ZEN3))
+    avx2 = runtime._kernel_cache_dir()
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", _features_string(ALDER_LAKE))
+    vnni = runtime._kernel_cache_dir()
+    monkeypatch.setenv("NUMBA_CPU_NAME", "alderlake")
+    other_cpu = runtime._kernel_cache_dir()
+    assert avx2.name.startswith("avx2-") and vnni.name.startswith("avxvnni-")
+    assert len({avx2, vnni, other_cpu}) == 3
+    assert avx2.parent == vnni.parent == runtime.KERNEL_CACHE_DIR.parent
+
+
+def _proc_flags() -> set[str]:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     raise AssertionError("no flags line in /proc/cpuinfo")
 
 
-def test_avx2_is_used_exactly_when_the_host_has_it() -> None:
-    assert simd.HAVE_AVX2 == ("avx2" in host_flags())
+def _features_string(features: set[str]) -> str:
+    return ",".join(f"+{f}" for f in sorted(features))
+
+
+# ---- every instruction set the host can run, against the reference and against each other ---------------
+
+_DROP = {  # the host's features to turn off to leave a CPU with this instruction set at best
+    AVX_VNNI: ("avx512",),
+    AVX512_BW: ("avx512vnni", "avxvnni", "avx10", "amx"),
+    AVX2: ("avx512", "avxvnni", "avx10", "amx"),
+}
+
+
+def _emulated_env(isa: str) -> dict[str, str] | None:
+    """Environment for a subprocess compiling for a CPU whose best kernel set is `isa`, or None if this host
+    cannot run it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    name, host = runtime.compile_target(env)
+    if isa == PORTABLE:  # the x86-64 baseline: SSE2, no F16C
+        return {**env, "NUMBA_CPU_NAME": "x86-64", "NUMBA_CPU_FEATURES": ""} if "sse2" in host else None
+    kept = {f for f in host if not f.startswith(_DROP.get(isa, ()))}
+    if kernel_isa(kept) != isa:
+        return None
+    off = ",".join(f"-{f}" for f in sorted(host - kept))
+    return {**env, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": ",".join(filter(None, [_features_string(kept), off]))}
+
+
+def check_every_format(out_path: str) -> None:
+    """In this process's kernel set: every packed format against gguf's dequantize (through W @ x̂) and the
+    plain loops, decode and prefill; the outputs saved to out_path for comparison across sets."""
+    from engine.kernels import PACKED_TYPES, WeightMatrix, matvec, packed
+    from tests.engine.test_kernels import check_int8_matvec, oracle, random_blocks
+
+    results = {"isa": np.array(simd.KERNELS.isa)}
+    for qtype in sorted(PACKED_TYPES):
+        rng = np.random.default_rng(int(qtype) + 900)
+        rows, cols = 130, 512  # a zero-padded last group
+        raw = random_blocks(qtype, rows, cols, rng)
+        w = WeightMatrix.from_raw("isa", qtype, rows, cols, raw).prepare()
+        ref = oracle(qtype, raw, rows, cols)
+        xs = rng.standard_normal((6, cols)).astype(np.float32)
+        p = w.packed
+        assert p.q.shape[4:] == packed.layout(p.code), qtype.name
+        one = np.stack([matvec(w, x) for x in xs])
+        many = np.empty((len(xs), rows), dtype=np.float32)
+        packed.matmul(p.q, p.s, p.code, xs, many)  # 4 tokens through the tile kernels, 2 through decode's
+        loops = np.empty(rows, dtype=np.float32)
+        packed.matvec_reference(p.q, p.s, p.code, xs[0], loops)
+        for i, x in enumerate(xs):
+            check_int8_matvec(w, ref, x, one[i])
+        np.testing.assert_array_equal(many, one, err_msg=qtype.name)
+        assert np.abs(one[0] - loops).max() <= 1e-6 * np.abs(loops).max(), qtype.name
+        results[qtype.name] = one
+    np.savez(out_path, **results)
+
+
+def _run_checks(env: dict[str, str], out: Path) -> dict[str, np.ndarray]:
+    code = f"from tests.engine.test_cpu_features import check_every_format; check_every_format({str(out)!r})"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(out) as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def host_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    return _run_checks(env, tmp_path_factory.mktemp("host") / "host.npz")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", [AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE])
+def test_each_instruction_set_matches_the_reference_and_the_host(
+    isa: str, host_results: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    env = _emulated_env(isa)
+    if env is None:
+        pytest.skip(f"this CPU cannot run the {isa} kernels")
+    got = _run_checks(env, tmp_path / f"{isa}.npz")
+    assert str(got.pop("isa")) == isa
+    host = dict(host_results)
+    host.pop("isa")
+    assert got.keys() == host.keys()
+    for name, values in host.items():  # the same integer sums and float operations: bit for bit
+        np.testing.assert_array_equal(got[name], values, err_msg=f"{isa} against {host_results['isa']}: {name}")

@@ -1,4 +1,5 @@
-"""The first start compiles the kernels and says so; the next start loads them and compiles nothing."""
+"""The first start compiles the kernels, for the host's instruction set only, and says so; the next start loads
+them and compiles nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from engine.kernels import simd
+from engine.runtime import KERNEL_CACHE_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +36,9 @@ def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> No
     assert any("compiling kernels" in line for line in first), first
     compiled = _kernel_files(tmp_path)
     assert compiled, "the first start left no compiled kernels behind"
+    # one folder, named after the host's kernel set and CPU: no other instruction set was compiled
+    assert [p.name for p in (tmp_path / "numba").iterdir()] == [KERNEL_CACHE_DIR.name]
+    assert KERNEL_CACHE_DIR.name.startswith(simd.KERNELS.isa + "-")
 
     second = _start(smollm2_path, tmp_path)
     assert any("loading kernels" in line for line in second), second

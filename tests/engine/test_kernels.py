@@ -28,7 +28,6 @@ from engine.kernels import (
     matvec_many,
     packed,
     pages,
-    simd,
 )
 from engine.kernels.blocks import F16_TABLE
 
@@ -338,52 +337,6 @@ def test_simd_kernels_match_the_reference_loops(qtype: T) -> None:
     packed.matvec_reference(p.q, p.s, p.code, x, slow)
     assert np.abs(fast - slow).max() <= 1e-6 * np.abs(slow).max()
     check_int8_matvec(w, ref, x, slow)
-
-
-def test_portable_vector_code_matches_the_avx2_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without AVX2 the kernels emit plain vector IR for pmaddubsw / pmaddwd: it must give the same results,
-    for the single-token kernels (decode) and the multi-token ones (prefill) alike."""
-    monkeypatch.setattr(simd, "HAVE_AVX2", False)
-    group = numba.njit(packed.group_simd.py_func)  # compiled afresh, with the portable code
-    group_tile = numba.njit(packed.group_simd_tile.py_func)
-
-    @numba.njit
-    def portable_matvec(q, s, code, x, out):
-        xq, dx, xsum = packed.quantize_x(x)
-        acc = np.empty(packed.ROWS, dtype=np.float32)
-        for g in range(q.shape[0]):
-            group(q, s, code, g, xq, dx, xsum, acc)
-            for r in range(min(packed.ROWS, out.shape[0] - g * packed.ROWS)):
-                out[g * packed.ROWS + r] = acc[r]
-
-    @numba.njit
-    def portable_tile(q, s, code, xs, out):  # the first TILE tokens of xs
-        nb = xs.shape[1] // 32
-        xq = np.empty((packed.TILE, nb, 32), dtype=np.int8)
-        xq2 = np.empty((packed.TILE, nb, 64), dtype=np.int8)
-        dx = np.empty((packed.TILE, nb), dtype=np.float32)
-        xsum = np.empty((packed.TILE, nb, 2), dtype=np.int32)
-        for i in range(packed.TILE):
-            packed.quantize_into(xs[i], xq[i], dx[i], xsum[i])
-            packed.double_pairs(xq[i], xq2[i])
-        acc = np.empty((packed.TILE, packed.ROWS), dtype=np.float32)
-        for g in range(q.shape[0]):
-            group_tile(q, s, code, g, xq2, dx, xsum, 0, acc)
-            for i in range(packed.TILE):
-                for r in range(min(packed.ROWS, out.shape[1] - g * packed.ROWS)):
-                    out[i, g * packed.ROWS + r] = acc[i, r]
-
-    for qtype in sorted(PACKED_TYPES):
-        w, _, x = _packed_weight(qtype, 100, 512, int(qtype) + 300)
-        p = w.packed
-        out = np.empty(w.rows, dtype=np.float32)
-        portable_matvec(p.q, p.s, p.code, x, out)
-        np.testing.assert_array_equal(out, matvec(w, x), err_msg=qtype.name)
-        xs = np.random.default_rng(int(qtype)).standard_normal((packed.TILE, 512)).astype(np.float32)
-        outs = np.empty((packed.TILE, w.rows), dtype=np.float32)
-        portable_tile(p.q, p.s, p.code, xs, outs)
-        for i in range(packed.TILE):
-            np.testing.assert_array_equal(outs[i], matvec(w, xs[i]), err_msg=f"{qtype.name} token {i}")
 
 
 def test_float_products_switch_every_product_to_the_float_path() -> None:
