@@ -461,10 +461,10 @@ def causal_attention(
     products (attention.attend_causal); without a usable BLAS sgemm, the same arithmetic runs here in NumPy.
     """
     t, n_head, hd = q.shape
-    q = np.ascontiguousarray(q, dtype=np.float32)
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
-    if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
+    q = np.ascontiguousarray(q, dtype=np.float32)
     kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
+    if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
         out = np.empty((1, n_head * hd), dtype=np.float32)
         attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, out[0])
         return out
