@@ -1,21 +1,19 @@
 """`chatapp bench`: llama-bench style prefill (pp) and decode (tg) speed, mean ± std over repetitions, on the
-model's device (CPU, or the GPU offload of `--device` / `--gpu-layers`)."""
+model's device (CPU, or the GPU offload of `--device` / `--gpu-layers`).
+
+On the CPU it also reports how close decode comes to the memory-bandwidth limit: each token reads every weight
+matrix once, so decode tok/s × bytes per token is the weights' read rate, set against the machine's own read
+bandwidth measured in the same run (a parallel read of 1 GiB with the kernels' thread count)."""
 
 from __future__ import annotations
 
 import json
 import statistics
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import Model
-from engine.events import TurnStats
-
-if TYPE_CHECKING:
-    from engine.speculative import Drafter
 
 
 def measure(model: Model, n_prompt: int, n_gen: int, seed: int = 0) -> tuple[float, float]:
@@ -33,27 +31,17 @@ def measure(model: Model, n_prompt: int, n_gen: int, seed: int = 0) -> tuple[flo
     return pp, tg
 
 
-def measure_chat(model: Model, prompt: list[int], n_gen: int, drafter: Drafter | None) -> TurnStats:
-    """Greedy decode of n_gen tokens after `prompt` through the chat layer (with or without a drafter)."""
-    from engine.chat import ChatSession
-    from engine.sampling import SamplingSettings
-
-    chat = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=n_gen), drafter=drafter)
-    chat.stop_ids = set()  # always n_gen tokens
-    stats = list(chat.stream_completion(prompt))[-1]
-    assert isinstance(stats, TurnStats)
-    return stats
+def weight_bytes_per_token(model: Model) -> int:
+    """File bytes of the matrices one decoded token reads: every 2-D tensor but the token embedding, of which a
+    token reads one row (unless it is also the output matrix)."""
+    tensors = model.file.tensors
+    tied = "output.weight" not in tensors
+    return sum(
+        t.data.nbytes for name, t in tensors.items() if len(t.shape) == 2 and (tied or name != "token_embd.weight")
+    )
 
 
-def text_prompt(model: Model, n_prompt: int) -> list[int]:
-    """The first n_prompt tokens of engine/sampling.py: code, so that a continuation is natural."""
-    ids = model.tokenize((Path(__file__).parent.parent / "engine" / "sampling.py").read_text(), special=False)
-    return ids[:n_prompt]
-
-
-def run_bench(
-    model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool, drafter: Drafter | None = None
-) -> int:
+def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool) -> int:
     if n_prompt + n_gen > model.n_ctx:
         raise ValueError(f"-p {n_prompt} + -n {n_gen} exceed the context of {model.n_ctx}; raise -c")
     measure(model, min(n_prompt, 8), min(n_gen, 2))  # warm-up: page in the weights
@@ -74,19 +62,15 @@ def run_bench(
         "decode_tok_s_std": statistics.pstdev(tg),
         "load_s": model.load_s,
     }
-    if drafter is not None:  # plain and drafted decode on the same text prompt, through the chat layer
-        prompt = text_prompt(model, n_prompt)
-        plain = [measure_chat(model, prompt, n_gen, None).decode_tok_s for _ in range(len(runs))]
-        drafted = [measure_chat(model, prompt, n_gen, drafter) for _ in range(len(runs))]
-        result |= {
-            "drafter": drafter.name,
-            "text_decode_tok_s": statistics.mean(plain),
-            "text_decode_tok_s_std": statistics.pstdev(plain),
-            "draft_decode_tok_s": statistics.mean(s.decode_tok_s for s in drafted),
-            "draft_decode_tok_s_std": statistics.pstdev(s.decode_tok_s for s in drafted),
-            "draft_acceptance": statistics.mean(s.acceptance_rate for s in drafted),
-            "draft_tokens_per_pass": statistics.mean(s.tokens_per_pass for s in drafted),
-        }
+    if result["device"] == "cpu":
+        from engine.kernels.memory import read_bandwidth
+
+        per_token = weight_bytes_per_token(model)
+        bandwidth = read_bandwidth()
+        result["weights_mb_per_token"] = per_token / 1e6
+        result["decode_weights_gb_s"] = per_token * result["decode_tok_s"] / 1e9
+        result["read_bandwidth_gb_s"] = bandwidth / 1e9
+        result["bandwidth_pct"] = 100 * result["decode_weights_gb_s"] / result["read_bandwidth_gb_s"]
     if as_json:
         print(json.dumps(result, indent=1))
         return 0
@@ -94,12 +78,10 @@ def run_bench(
     for test, key in ((f"pp{n_prompt}", "prefill_tok_s"), (f"tg{n_gen}", "decode_tok_s")):
         rate = f"{result[key]:.2f} ± {result[key + '_std']:.2f}"
         print(f"| {model.name} | {result['device']} | {model.threads} | {test} | {rate} |")
-    if drafter is not None:
-        for test, key in ((f"tg{n_gen} text", "text_decode_tok_s"), (f"tg{n_gen} text, draft", "draft_decode_tok_s")):
-            rate = f"{result[key]:.2f} ± {result[key + '_std']:.2f}"
-            print(f"| {model.name} | {result['device']} | {model.threads} | {test} | {rate} |")
+    if "bandwidth_pct" in result:
         print(
-            f"draft {drafter.name}: {result['draft_acceptance']:.0%} of guesses accepted, "
-            f"{result['draft_tokens_per_pass']:.2f} tokens per target pass"
+            f"decode reads {result['weights_mb_per_token']:.0f} MB of weights per token: "
+            f"{result['decode_weights_gb_s']:.1f} GB/s, {result['bandwidth_pct']:.0f}% of the "
+            f"{result['read_bandwidth_gb_s']:.1f} GB/s this machine read (1 GiB, {model.threads} threads)"
         )
     return 0

@@ -349,3 +349,13 @@ def test_float_products_switch_every_product_to_the_float_path() -> None:
         assert np.abs(matmul(w, xs) - want_m).max() < 1e-5 * np.abs(want_m).max()
         assert np.abs(matvec_many([w, w], x)[1] - want_v).max() < 1e-5 * np.abs(want_v).max()
     check_int8_matvec(w, ref, x, matvec(w, x))  # and back to int8 after the block
+
+
+def test_read_bandwidth_probe_sums_every_part() -> None:
+    """`chatapp bench`'s bandwidth probe: the parallel sum over thread parts covers the whole buffer once."""
+    from engine.kernels import memory
+
+    a = np.arange(1001, dtype=np.int64)
+    for threads in (1, 2, 7):
+        assert memory._sum_parts(a, np.zeros(threads, dtype=np.int64)) == a.sum()
+    assert memory.read_bandwidth(1 << 20, repeats=1) > 0
