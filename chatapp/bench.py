@@ -10,10 +10,16 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import Model
+from engine.events import TurnStats
+
+if TYPE_CHECKING:
+    from engine.speculative import Drafter
 
 
 def measure(model: Model, n_prompt: int, n_gen: int, seed: int = 0) -> tuple[float, float]:
@@ -31,6 +37,24 @@ def measure(model: Model, n_prompt: int, n_gen: int, seed: int = 0) -> tuple[flo
     return pp, tg
 
 
+def measure_chat(model: Model, prompt: list[int], n_gen: int, drafter: Drafter | None) -> TurnStats:
+    """Greedy decode of n_gen tokens after `prompt` through the chat layer (with or without a drafter)."""
+    from engine.chat import ChatSession
+    from engine.sampling import SamplingSettings
+
+    chat = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=n_gen), drafter=drafter)
+    chat.stop_ids = set()  # always n_gen tokens
+    stats = list(chat.stream_completion(prompt))[-1]
+    assert isinstance(stats, TurnStats)
+    return stats
+
+
+def text_prompt(model: Model, n_prompt: int) -> list[int]:
+    """The first n_prompt tokens of engine/sampling.py: code, so that a continuation is natural."""
+    ids = model.tokenize((Path(__file__).parent.parent / "engine" / "sampling.py").read_text(), special=False)
+    return ids[:n_prompt]
+
+
 def weight_bytes_per_token(model: Model) -> int:
     """File bytes of the matrices one decoded token reads: every 2-D tensor but the token embedding, of which a
     token reads one row (unless it is also the output matrix)."""
@@ -41,7 +65,9 @@ def weight_bytes_per_token(model: Model) -> int:
     )
 
 
-def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool) -> int:
+def run_bench(
+    model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool, drafter: Drafter | None = None
+) -> int:
     if n_prompt + n_gen > model.n_ctx:
         raise ValueError(f"-p {n_prompt} + -n {n_gen} exceed the context of {model.n_ctx}; raise -c")
     measure(model, min(n_prompt, 8), min(n_gen, 2))  # warm-up: page in the weights
@@ -71,6 +97,19 @@ def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json
         result["decode_weights_gb_s"] = per_token * result["decode_tok_s"] / 1e9
         result["read_bandwidth_gb_s"] = bandwidth / 1e9
         result["bandwidth_pct"] = 100 * result["decode_weights_gb_s"] / result["read_bandwidth_gb_s"]
+    if drafter is not None:  # plain and drafted decode on the same text prompt, through the chat layer
+        prompt = text_prompt(model, n_prompt)
+        plain = [measure_chat(model, prompt, n_gen, None).decode_tok_s for _ in range(len(runs))]
+        drafted = [measure_chat(model, prompt, n_gen, drafter) for _ in range(len(runs))]
+        result |= {
+            "drafter": drafter.name,
+            "text_decode_tok_s": statistics.mean(plain),
+            "text_decode_tok_s_std": statistics.pstdev(plain),
+            "draft_decode_tok_s": statistics.mean(s.decode_tok_s for s in drafted),
+            "draft_decode_tok_s_std": statistics.pstdev(s.decode_tok_s for s in drafted),
+            "draft_acceptance": statistics.mean(s.acceptance_rate for s in drafted),
+            "draft_tokens_per_pass": statistics.mean(s.tokens_per_pass for s in drafted),
+        }
     if as_json:
         print(json.dumps(result, indent=1))
         return 0
@@ -78,6 +117,14 @@ def run_bench(model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json
     for test, key in ((f"pp{n_prompt}", "prefill_tok_s"), (f"tg{n_gen}", "decode_tok_s")):
         rate = f"{result[key]:.2f} ± {result[key + '_std']:.2f}"
         print(f"| {model.name} | {result['device']} | {model.threads} | {test} | {rate} |")
+    if drafter is not None:
+        for test, key in ((f"tg{n_gen} text", "text_decode_tok_s"), (f"tg{n_gen} text, draft", "draft_decode_tok_s")):
+            rate = f"{result[key]:.2f} ± {result[key + '_std']:.2f}"
+            print(f"| {model.name} | {result['device']} | {model.threads} | {test} | {rate} |")
+        print(
+            f"draft {drafter.name}: {result['draft_acceptance']:.0%} of guesses accepted, "
+            f"{result['draft_tokens_per_pass']:.2f} tokens per target pass"
+        )
     if "bandwidth_pct" in result:
         print(
             f"decode reads {result['weights_mb_per_token']:.0f} MB of weights per token: "
