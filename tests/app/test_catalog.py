@@ -126,7 +126,9 @@ def test_bundled_config_dir_holds_the_catalog_and_defaults():
 
 def test_with_isolated_dirs_the_real_catalog_models_are_not_downloaded(isolated_dirs: dict[str, Path]):
     rows = catalog.list_models()
-    assert [(row.name, row.present) for row in rows] == [(SMOLLM2, False), (QWEN, False)]
+    assert [(row.name, row.present) for row in rows] == [
+        (name, False) for name in (SMOLLM2, QWEN, "gemma3-270m", "qwen2.5-coder-1.5b-instruct")
+    ]
     assert rows[0].path == isolated_dirs["cache"] / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     with pytest.raises(ModelNotFound, match=f"not downloaded yet; run `chatapp pull {SMOLLM2}`"):
         resolve_model(SMOLLM2)
