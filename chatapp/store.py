@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # only for annotations: importing `engine` loads Numba, which the store does not need
     from engine.events import TokenEvent, TurnStats
 
-SCHEMA_VERSION = 2  # kept in PRAGMA user_version; bump it and add a step to _MIGRATIONS
+SCHEMA_VERSION = 3  # kept in PRAGMA user_version; bump it and add a step to _MIGRATIONS
 BUSY_TIMEOUT_S = 1.0  # how long a write waits for another process's write lock before "in use"
 ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 48  # suggest_title's limit
@@ -80,11 +80,31 @@ _SEARCH = (
     END""",
 )
 _COLUMNS = {  # what a store of SCHEMA_VERSION must have; anything else is "not our schema"
-    "conversations": {"id", "title", "model", "system_prompt", "created", "updated"},
-    "messages": {"id", "conv_id", "role", "content", "stats", "created"},
+    "conversations": {"id", "title", "model", "system_prompt", "created", "updated", "head_id"},
+    "messages": {"id", "conv_id", "role", "content", "stats", "created", "parent_id"},
 }
+# Schema 3: a conversation is a tree. Each message has a parent (NULL: the first of its branch); editing an
+# earlier message or regenerating a reply adds a sibling rather than deleting what followed. `head_id` is the
+# last message of the branch on screen; the conversation is the path from the root to it. A store of schema
+# 2 becomes one straight branch.
+_BRANCHES = (
+    "ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages (id) ON DELETE CASCADE",
+    "ALTER TABLE conversations ADD COLUMN head_id INTEGER",
+    """UPDATE messages SET parent_id = (
+        SELECT MAX(p.id) FROM messages p WHERE p.conv_id = messages.conv_id AND p.id < messages.id)""",
+    "UPDATE conversations SET head_id = (SELECT MAX(m.id) FROM messages m WHERE m.conv_id = conversations.id)",
+    "CREATE INDEX messages_by_parent ON messages (parent_id)",
+)
+_PATH = """WITH RECURSIVE path (id) AS (
+        SELECT head_id FROM conversations WHERE id = ? AND head_id IS NOT NULL
+        UNION ALL SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id WHERE m.parent_id IS NOT NULL
+    )"""  # the ids from the head back to the root
+_HEAD = object()  # add_message's default parent: the conversation's head
 # _MIGRATIONS[v]: the statements that take a store from schema v to v + 1, run in the open's transaction.
-_MIGRATIONS: dict[int, tuple[str, ...]] = {1: (*_SEARCH, "INSERT INTO message_text (message_text) VALUES ('rebuild')")}
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (*_SEARCH, "INSERT INTO message_text (message_text) VALUES ('rebuild')"),
+    2: _BRANCHES,
+}
 
 # SQLite primary result codes (sqlite3.Error.sqlite_errorcode & 0xFF).
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
@@ -269,17 +289,29 @@ class ConversationStore:
             )
         return cur.lastrowid
 
-    def add_message(self, conv_id: int, role: str, content: str, stats: dict[str, Any] | None = None) -> int:
+    def add_message(
+        self,
+        conv_id: int,
+        role: str,
+        content: str,
+        stats: dict[str, Any] | None = None,
+        parent_id: int | None | object = _HEAD,
+    ) -> int:
+        """Add a message after `parent_id` (default: the end of the branch on screen; None: as a first
+        message); it becomes the head, so the branch on screen is the one it ends."""
         if role not in ROLES:
             raise ValueError(f"message role {role!r}: expected one of {', '.join(ROLES)}")
         stats_json = _to_json(stats)
         now = time.time()
         with self._write("save a message") as c:
             self._touch(c, conv_id, now)
+            if parent_id is _HEAD:
+                (parent_id,) = c.execute("SELECT head_id FROM conversations WHERE id = ?", (conv_id,)).fetchone()
             cur = c.execute(
-                "INSERT INTO messages (conv_id, role, content, stats, created) VALUES (?, ?, ?, ?, ?)",
-                (conv_id, role, content, stats_json, now),
+                "INSERT INTO messages (conv_id, role, content, stats, created, parent_id) VALUES (?, ?, ?, ?, ?, ?)",
+                (conv_id, role, content, stats_json, now, parent_id),
             )
+            c.execute("UPDATE conversations SET head_id = ? WHERE id = ?", (cur.lastrowid, conv_id))
         return cur.lastrowid
 
     def update_message(self, msg_id: int, content: str, stats: dict[str, Any] | None = None) -> None:
@@ -295,10 +327,47 @@ class ConversationStore:
             )
 
     def truncate_after(self, conv_id: int, msg_id: int | None) -> None:
-        """Delete the conversation's messages after `msg_id` (all of them for None): regenerate / edit."""
+        """Delete the conversation's messages after `msg_id` (all of them for None)."""
         with self._write("delete messages") as c:
             self._touch(c, conv_id, time.time())
             c.execute("DELETE FROM messages WHERE conv_id = ? AND id > ?", (conv_id, msg_id or 0))
+            c.execute(
+                "UPDATE conversations SET head_id = (SELECT MAX(id) FROM messages WHERE conv_id = ?) WHERE id = ?",
+                (conv_id, conv_id),
+            )
+
+    def branch_at(self, conv_id: int, msg_id: int | None) -> None:
+        """Make `msg_id` the head (None: before the first message), so the next message starts a branch there;
+        what came after it stays, on its own branch (regenerate, edit)."""
+        with self._write("start a branch") as c:
+            self._touch(c, conv_id, time.time())
+            c.execute("UPDATE conversations SET head_id = ? WHERE id = ?", (msg_id, conv_id))
+
+    def switch_branch(self, conv_id: int, msg_id: int) -> int:
+        """Show the branch through `msg_id`: the head becomes its most recent descendant (itself if none),
+        which is returned."""
+        with self._write("switch branches") as c:
+            (leaf,) = c.execute(
+                """WITH RECURSIVE below (id) AS (
+                    SELECT id FROM messages WHERE id = ? AND conv_id = ?
+                    UNION ALL SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id
+                ) SELECT MAX(id) FROM below""",
+                (msg_id, conv_id),
+            ).fetchone()
+            if leaf is None:
+                raise KeyError(f"message {msg_id} not found in conversation {conv_id}")
+            c.execute("UPDATE conversations SET head_id = ? WHERE id = ?", (leaf, conv_id))
+        return leaf
+
+    def siblings(self, msg_id: int) -> list[int]:
+        """The ids of `msg_id` and the other versions of it (same parent, same conversation), oldest first."""
+        with self._read("read the branches") as c:
+            rows = c.execute(
+                "SELECT s.id FROM messages m JOIN messages s ON s.conv_id = m.conv_id"
+                " AND s.parent_id IS m.parent_id WHERE m.id = ? ORDER BY s.id",
+                (msg_id,),
+            ).fetchall()
+        return [r[0] for r in rows]
 
     def set_title(self, conv_id: int, title: str) -> None:
         """Rename; does not change `updated`, so a rename does not reorder the list."""
@@ -358,7 +427,9 @@ class ConversationStore:
             if head is None:
                 raise KeyError(f"conversation {conv_id} not found")
             rows = c.execute(
-                "SELECT id, role, content, stats FROM messages WHERE conv_id = ? ORDER BY id", (conv_id,)
+                _PATH + " SELECT m.id, m.role, m.content, m.stats FROM messages m JOIN path ON m.id = path.id"
+                " ORDER BY m.id",
+                (conv_id,),
             ).fetchall()
         messages = [StoredMessage(i, role, content, _from_json(s)) for i, role, content, s in rows]
         return Conversation(*head, messages=messages)
@@ -373,11 +444,40 @@ class ConversationStore:
         out += [f"- Model: `{conv.model}`", f"- Started: {time.strftime('%Y-%m-%d %H:%M', created)}", ""]
         if conv.system_prompt.strip():
             out += ["## System prompt", "", conv.system_prompt.strip(), ""]
-        for m in conv.messages:
-            out += [f"## {m.role.capitalize()}", "", m.content.strip(), ""]
+        def section(m: StoredMessage, level: str = "##") -> list[str]:
+            lines = [f"{level} {m.role.capitalize()}", "", m.content.strip(), ""]
             if m.role == "assistant" and m.stats and (line := stats_line(m.stats)):
-                out += [f"*{line}*", ""]
+                lines += [f"*{line}*", ""]
+            return lines
+
+        for m in conv.messages:
+            out += section(m)
+        # The other branches, each from where it leaves the one above: the tree, readable in order.
+        shown = [m.id for m in conv.messages]
+        for n, path in enumerate(self._other_branches(conv_id, set(shown)), start=1):
+            fork = next(i for i, m in enumerate(path) if i >= len(shown) or m.id != shown[i])
+            out += [f"## Branch {n}, from message {fork + 1}", ""]
+            for m in path[fork:]:
+                out += section(m, "###")
         return "\n".join(out)
+
+    def _other_branches(self, conv_id: int, on_screen: set[int]) -> list[list[StoredMessage]]:
+        """Root-to-leaf paths of every branch but the one on screen, oldest leaf first."""
+        with self._read("load a conversation") as c:
+            rows = c.execute(
+                "SELECT id, role, content, stats, parent_id FROM messages WHERE conv_id = ? ORDER BY id", (conv_id,)
+            ).fetchall()
+        by_id = {r[0]: r for r in rows}
+        parents = {r[4] for r in rows}
+        paths = []
+        for leaf in (r[0] for r in rows if r[0] not in parents and r[0] not in on_screen):
+            path, at = [], leaf
+            while at is not None:
+                i, role, content, stats, parent = by_id[at]
+                path.append(StoredMessage(i, role, content, _from_json(stats)))
+                at = parent
+            paths.append(path[::-1])
+        return paths
 
     # ---- internals ----------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from chatapp.tui.messages import (
 from chatapp.tui.recorder import Recorder, write_export
 from chatapp.tui.state import ChatState, LiveMetrics, Turn, code_blocks, stats_from_dict, to_markdown
 from chatapp.tui.widgets.attach import AttachScreen
-from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog
+from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog, UserMessage
 from chatapp.tui.widgets.conversations import ConversationsScreen
 from chatapp.tui.widgets.inspector import InspectorScreen
 from chatapp.tui.widgets.model_picker import ModelPickerScreen
@@ -365,6 +365,7 @@ class ChatApp(App[None]):
         if stats.reply:
             reply.content = stats.reply
         self.recorder.reply_done(active.conv_id, reply)
+        self._mark_branches()
         if active.widget is not None:
             await active.widget.finish()
             self.chat_log.follow()
@@ -431,12 +432,13 @@ class ChatApp(App[None]):
         await self._start_reply()
 
     async def _drop_turns_from(self, index: int) -> None:
-        """Forget turns[index:], on screen and in the store (regenerate, edit)."""
+        """Take turns[index:] off the screen (regenerate, edit); in the store they stay, as another branch,
+        and what comes next starts a new one from the turn before."""
         doomed = self.state.turns[index:]
         keep = self.state.saved_id_before(index)
         del self.state.turns[index:]
         await self.chat_log.remove_turns(doomed)
-        self.recorder.truncate_after(self.state.conv_id, keep)
+        self.recorder.branch_at(self.state.conv_id, keep)
 
     # ---- actions --------------------------------------------------------------------------------------
 
@@ -474,10 +476,24 @@ class ChatApp(App[None]):
         self._editing_index = None
         self.editing = False
 
+    def _focused_turn(self, role: str) -> tuple[int, Turn] | None:
+        """The focused message of `role` in the chat (its index and turn), else the last one of that role."""
+        widget = self.focused
+        turn = getattr(widget, "turn", None)
+        index = next((i for i, t in enumerate(self.state.turns) if t is turn), None)
+        if isinstance(widget, (UserMessage, AssistantMessage)) and index is not None:
+            if turn.role == role:
+                return index, turn
+            if role == "user" and index > 0 and self.state.turns[index - 1].role == "user":  # a reply's question
+                return index - 1, self.state.turns[index - 1]
+        return self.state.last(role)
+
     async def action_regenerate(self) -> None:
+        """A new reply to the focused message's question (else the last one); the old reply is kept as a
+        branch."""
         if not self._ready_to_generate():
             return
-        found = self.state.last("user")
+        found = self._focused_turn("user")
         if found is None:
             self.notify("Nothing to regenerate yet.", severity="warning")
             return
@@ -485,11 +501,39 @@ class ChatApp(App[None]):
         await self._drop_turns_from(found[0] + 1)
         await self._start_reply()
 
-    def action_edit_last(self) -> None:
+    async def action_branch(self, step: int) -> None:
+        """Show the focused message's previous (-1) or next (+1) version, and the branch that follows it."""
         if self.generating:
             self.notify("A reply is being generated: Esc stops it first.", severity="warning")
             return
-        found = self.state.last("user")
+        widget = self.focused
+        turn = getattr(widget, "turn", None)
+        if not isinstance(widget, (UserMessage, AssistantMessage)) or turn is None or self.state.conv_id is None:
+            self.notify("Focus a message (Tab) to move between its versions.", severity="warning")
+            return
+        versions = self.recorder.siblings(turn.msg_id)
+        if len(versions) < 2:
+            self.notify("This message has no other version.", severity="warning")
+            return
+        target = versions[(versions.index(turn.msg_id) + step) % len(versions)]
+        if self.recorder.switch_branch(self.state.conv_id, target):
+            await self._resume((self.state.conv_id, target))
+
+    def _mark_branches(self) -> None:
+        """Each message with other versions shows which one it is, ‹ 2/3 ›, on its border."""
+        for turn in self.state.turns:
+            widget = self.chat_log.widget_for(turn)
+            versions = self.recorder.siblings(turn.msg_id)
+            if widget is not None:
+                at = versions.index(turn.msg_id) + 1 if turn.msg_id in versions else 0
+                widget.border_subtitle = f"‹ {at}/{len(versions)} › ←→" if len(versions) > 1 else ""
+
+    def action_edit_last(self) -> None:
+        """Edit the focused message (else the last one); sending it starts a branch, the old one is kept."""
+        if self.generating:
+            self.notify("A reply is being generated: Esc stops it first.", severity="warning")
+            return
+        found = self._focused_turn("user")
         if found is None:
             self.notify("No message to edit yet.", severity="warning")
             return
@@ -569,6 +613,7 @@ class ChatApp(App[None]):
             stats, tokens, error = stats_from_dict(m.stats)
             state.turns.append(Turn(m.role, m.content, m.id, stats, tokens, error))
         await self._show_state(state)
+        self._mark_branches()
         for turn in state.turns:
             if turn.role == "user":
                 self.prompt.remember(turn.content)

@@ -90,9 +90,22 @@ class Recorder:
             self._call("save the reply", self.store.update_message, turn.msg_id, turn.content, stats)
         self._last_save.pop(turn.msg_id, None)
 
-    def truncate_after(self, conv_id: int | None, msg_id: int | None) -> None:
+    def branch_at(self, conv_id: int | None, msg_id: int | None) -> None:
+        """The next message goes after `msg_id` (None: first), on a new branch; what followed it is kept."""
         if self.store is not None and conv_id is not None:
-            self._call("update the saved chat", self.store.truncate_after, conv_id, msg_id)
+            self._call("update the saved chat", self.store.branch_at, conv_id, msg_id)
+
+    def switch_branch(self, conv_id: int, msg_id: int) -> bool:
+        """Make the branch through `msg_id` the one on screen; False if the store could not."""
+        if self.store is None:
+            return False
+        return self._call("switch branches", self.store.switch_branch, conv_id, msg_id) is not None
+
+    def siblings(self, msg_id: int | None) -> list[int]:
+        """`msg_id` and its other versions (other branches from the same point), oldest first."""
+        if self.store is None or msg_id is None:
+            return []
+        return self._call("read the branches", self.store.siblings, msg_id) or []
 
     def delete(self, conv_id: int) -> None:
         if self.store is not None:

@@ -12,9 +12,17 @@ from textual.widgets.markdown import MarkdownStream
 from chatapp.tui.state import ChatState, Turn, code_blocks, stats_line
 from chatapp.tui.thinking import split_thinking, thinking_token_count
 
+# On a focused message: its other versions (branches), editing it, a new reply from it.
+BRANCH_KEYS = [
+    Binding("left", "app.branch(-1)", "Prev version", show=False),
+    Binding("right", "app.branch(1)", "Next version", show=False),
+]
+
 
 class UserMessage(Static, can_focus=True):
     """One message from the user, shown as typed (no Markdown, no markup)."""
+
+    BINDINGS = [*BRANCH_KEYS, Binding("e", "app.edit_last", "Edit"), Binding("r", "app.regenerate", "Reply again")]
 
     def __init__(self, turn: Turn) -> None:
         super().__init__(Content(turn.content), markup=False)
@@ -31,6 +39,8 @@ class AssistantMessage(Vertical, can_focus=True):
         Binding("c", "app.copy_reply", "Copy"),
         Binding("b", "copy_next_block", "Copy code"),
         Binding("t", "toggle_thinking", "Thinking"),
+        Binding("r", "app.regenerate", "Regenerate"),
+        *BRANCH_KEYS,
     ]
 
     def __init__(self, turn: Turn, model_name: str) -> None:
