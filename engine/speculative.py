@@ -15,6 +15,7 @@ k tokens costs more than a one-token pass on a CPU, so wasted guesses must stay 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -189,6 +190,7 @@ class ModelDrafter:
     ) -> None:
         check_same_vocab(target, model)
         self.pace = Pace() if paced else None
+        self._catch_up_ms = 0.0  # the latest draft's catch-up prefill
         self.model = model
         self.session = model.session(n_ctx)
         self.name = model.name
@@ -205,12 +207,17 @@ class ModelDrafter:
         self.session.truncate(keep)
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        self._catch_up_ms = 0.0
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
         if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
         keep = min(_common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
+        t0 = time.perf_counter()
         logits = self.session.eval(context[keep:])
+        # Catching up on a new prompt (a turn's start, a shift) is a prefill once per turn, not what a guess
+        # costs: Pace is told the pass time without it.
+        self._catch_up_ms = (time.perf_counter() - t0) * 1000 if len(context) - keep > 2 else 0.0
         out: list[int] = []
         while True:
             tok = int(logits.argmax())
@@ -228,7 +235,7 @@ class ModelDrafter:
     def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self.length.feedback(drafted, accepted)
         if self.pace is not None:
-            self.pace.record(drafted, accepted, pass_ms)
+            self.pace.record(drafted, accepted, pass_ms - self._catch_up_ms)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
