@@ -53,11 +53,11 @@ class ServerKind:
     repeat_field: str = "repeat_penalty"  # vLLM and SGLang call it repetition_penalty
 
 
-LLAMA_CPP = ServerKind("llama.cpp", STANDARD | EXTRA)
+LLAMA_CPP = ServerKind("llama.cpp", STANDARD | EXTRA | {"repeat_last_n"})
 KINDS: dict[str, ServerKind] = {  # by the `owned_by` of /v1/models
     "llamacpp": LLAMA_CPP,  # llama-server
     "me": ServerKind("llama-cpp-python", STANDARD | EXTRA),
-    "chatapp": ServerKind("chatapp serve", STANDARD | EXTRA),
+    "chatapp": ServerKind("chatapp serve", STANDARD | EXTRA | {"repeat_last_n"}),
     "vllm": ServerKind("vLLM", STANDARD | EXTRA, repeat_field="repetition_penalty"),
     "sglang": ServerKind("SGLang", STANDARD | EXTRA, repeat_field="repetition_penalty"),
     # Ollama's /v1 takes only OpenAI's own fields; its top_k etc. live in its native API's `options`.
@@ -97,6 +97,9 @@ def request_fields(settings: SamplingSettings, kind: ServerKind) -> dict[str, An
         fields = ("repeat_penalty", "repetition_penalty") if kind is UNKNOWN_KIND else (kind.repeat_field,)
         for name in fields:
             body[name] = settings.repeat_penalty
+    # llama.cpp's penalty window; -1 (the whole context) only where the server takes it (llama-server).
+    if "repeat_last_n" in kind.honoured and (settings.repeat_last_n >= 0 or kind is LLAMA_CPP):
+        body["repeat_last_n"] = settings.repeat_last_n
     return body
 
 

@@ -257,6 +257,8 @@ class ChatApp(App[None]):
             self._shown_warnings.clear()  # the new model's warnings are news
         backend = self.backend = message.backend
         self.model_name = getattr(backend, "model_name", "") or self.model_name
+        if not self.state.turns:  # the chat on screen was begun before the name was known (a remote server's)
+            self.state.model = self.model_name
         self.status.model_name = self.model_name
         self.status.n_ctx = backend.n_ctx
         self.panel.set_max_tokens_cap(backend.n_ctx or None)

@@ -108,7 +108,10 @@ def llama_server(
     extra: tuple[str, ...] = (),
 ) -> Iterator[LlamaServer]:
     """llama-cpp-python's server on `model`, on 127.0.0.1 only, until the block ends."""
-    import httpx
+    try:
+        import httpx2 as httpx  # what this openai release is built on
+    except ImportError:  # older openai releases use httpx
+        import httpx
 
     port = _free_port()
     with open(log, "wb") as out:

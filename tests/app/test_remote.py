@@ -108,6 +108,8 @@ def test_request_fields_per_server():
     assert "repeat_penalty" not in request_fields(s, KINDS["vllm"])
     ollama = request_fields(s, KINDS["ollama"])
     assert not {"top_k", "min_p", "repeat_penalty", "repetition_penalty"} & set(ollama)
+    assert request_fields(s, KINDS["llamacpp"])["repeat_last_n"] == s.repeat_last_n
+    assert "repeat_last_n" not in request_fields(s, KINDS["me"])  # llama-cpp-python has no such field
     unknown = request_fields(s, UNKNOWN_KIND)  # both spellings: one of them may mean something
     assert unknown["repeat_penalty"] == unknown["repetition_penalty"] == 1.3
 

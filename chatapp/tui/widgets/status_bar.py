@@ -75,6 +75,7 @@ class StatusBar(Horizontal):
                 f"{stats.generated_tokens} tokens",
                 f"TTFT {fmt_ms(stats.ttft_ms)}",
                 self._ctx(),
-                f"cache {stats.reused_tokens:,}/{stats.prompt_tokens:,} reused",
+                # A server that sends no usage leaves the prompt unknown (0): say nothing rather than 0/0.
+                f"cache {stats.reused_tokens:,}/{stats.prompt_tokens:,} reused" if stats.prompt_tokens else "",
             ]
         )
