@@ -259,3 +259,23 @@ def test_apply_knob_builds_new_settings():
     after = apply_knob(before, "top_p", 1.7)
     assert after.top_p == 1.0 and before.top_p == 0.95 and after.temperature == before.temperature
     assert apply_knob(before, "max_tokens", 10_000, max_tokens_cap=4096).max_tokens == 4096
+
+
+def test_the_panel_offers_every_sampler_the_cli_and_engine_have_with_the_same_meaning() -> None:
+    import dataclasses
+
+    from chatapp.cli import build_parser
+    from chatapp.settings import _SAMPLING_CHECKS
+    from chatapp.tui.widgets.sampling_panel import KNOBS
+    from engine.sampling import SamplingSettings
+
+    engine_fields = {f.name for f in dataclasses.fields(SamplingSettings)}
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    cli = {a.dest for a in run._actions if a.dest in engine_fields}
+    assert {k.name for k in KNOBS} == engine_fields == cli
+    for knob in KNOBS:  # every value the panel can set is one the engine and the config take as it is
+        for value in (knob.lo, knob.hi, *(() if knob.off is None else (knob.off,))):
+            _, messages = SamplingSettings(**{knob.name: knob.kind(value)}).validated()
+            assert messages == [], (knob.name, value, messages)
+            check, expected = _SAMPLING_CHECKS.get(knob.name, (lambda v: True, ""))
+            assert check(knob.kind(value)), (knob.name, value, expected)

@@ -101,7 +101,20 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "repeat_penalty", "Repeat penalty", float, lo=1.0, hi=3.0, step=0.01, big_step=0.1, show=_f2,
-        help="Penalise tokens seen in the last 64. 1.0 disables.",
+        help="Make tokens seen in the penalty window less likely (their logits divided by it). 1.0 disables.",
+    ),
+    Knob(
+        "presence_penalty", "Presence penalty", float, lo=-2.0, hi=2.0, step=0.05, big_step=0.5, show=_f2,
+        help="Subtracted from the logit of every token seen in the penalty window. 0 disables.",
+    ),
+    Knob(
+        "frequency_penalty", "Freq. penalty", float, lo=-2.0, hi=2.0, step=0.05, big_step=0.5, show=_f2,
+        help="Subtracted once for each time a token was seen in the penalty window. 0 disables.",
+    ),
+    Knob(
+        "repeat_last_n", "Penalty window", int, lo=0, hi=32768, step=16, big_step=256, off=-1, off_high=True,
+        show=lambda v: "whole context" if v < 0 else _off_if_zero(v),
+        help="How many recent tokens the three penalties look at. 0 turns them off; past the top: the whole context.",
     ),
     Knob(
         "seed", "Seed", int, lo=0, hi=MAX_SEED, step=1, big_step=100, off=-1,
