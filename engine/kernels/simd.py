@@ -643,16 +643,23 @@ def _emit_q3_k(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token])
 
 # ---- quad kernels (vpdpbusd): the same integer sums per row and block as the pair kernels above, summed in
 # 32 bits directly, then the same float operations in the same order, so the results are bit for bit theirs.
-# Two accumulators per token take turns, so that consecutive vpdpbusd do not wait on each other.
+# vpdpbusd adds into its accumulator (4-5 cycles a step): four accumulators per token take turns, so that
+# consecutive ones do not wait on each other.
 
 
 def _dot_runs(e: _Emitter, toks: list[_Token], xq, quads) -> list:
     """Per token, sum over (v, k) in quads of vpdpbusd(v, x̂[k : k + 4]): <L x i32>."""
-    accs = [[e.zero32(), e.zero32()] for _ in toks]
+    n_acc = min(4, len(quads))
+    accs = [[e.zero32()] * n_acc for _ in toks]
     for n, (v, k) in enumerate(quads):
         for i, t in enumerate(toks):
-            accs[i][n % 2] = e.dpbusd(accs[i][n % 2], v, e.xquad(xq, t, k))
-    return [e.b.add(a0, a1) for a0, a1 in accs]
+            accs[i][n % n_acc] = e.dpbusd(accs[i][n % n_acc], v, e.xquad(xq, t, k))
+    out = []
+    for a in accs:
+        while len(a) > 1:  # a pairwise tree: exact in integers, whatever the order
+            a = [e.b.add(a[j], a[j + 1]) if j + 1 < len(a) else a[j] for j in range(0, len(a), 2)]
+        out.append(a[0])
+    return out
 
 
 def _emit_q4_quad(e: _Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[_Token], with_min: bool) -> None:
