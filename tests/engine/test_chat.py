@@ -93,7 +93,9 @@ def test_regenerate_and_edit_reuse_the_prefix(chat: ChatSession, cache_check) ->
     cache_check(chat)
 
 
-def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession, cache_check) -> None:
+def check_cancel_keeps_the_reply(chat: ChatSession, cache_check) -> None:
+    """Cancelled after 5 shown tokens: the cache holds the prompt and exactly those tokens' ids, and the next
+    turn continues from it, its cache held to a fresh evaluation by `cache_check`."""
     chat.settings = replace(GREEDY, max_tokens=64)
     messages = [SYSTEM, Message("user", "Write a long story about a dragon.")]
     prompt = chat.prompt_tokens(messages)
@@ -119,6 +121,10 @@ def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession, c
     assert next_stats.reused_tokens >= len(prompt)
     assert chat.cached_tokens == chat.prompt_tokens(follow)
     cache_check(chat)
+
+
+def test_cancel_keeps_the_visible_conversation_in_the_cache(chat: ChatSession, cache_check) -> None:
+    check_cancel_keeps_the_reply(chat, cache_check)
 
 
 def test_settings_change_mid_reply_applies_to_the_next_token(chat: ChatSession) -> None:

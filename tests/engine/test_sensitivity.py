@@ -19,14 +19,14 @@ import engine.model
 import engine.sampling
 from engine import load_model
 from engine.chat import ChatSession
-from engine.events import STOP_CANCELLED, Message, TokenEvent, TurnStats
+from engine.events import STOP_CANCELLED, TokenEvent, TurnStats
 from engine.kernels import WeightMatrix, float_products
 from engine.model import Model
-from engine.sampling import SamplingSettings
 
 from . import oracle
 from .compare import assert_cache_exactly_fresh, assert_cache_matches_fresh, assert_matches_reference
 from .synthetic import TinyModel, reference_logits, write_tiny_model
+from .test_chat import check_cancel_keeps_the_reply
 from .test_sampling import assert_pipeline_keeps_what_the_masks_keep
 
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33]  # as test_architectures evaluates
@@ -192,39 +192,9 @@ def test_sampler_ignoring_top_p_fails_the_mask_check(monkeypatch: pytest.MonkeyP
 # --- the chat layer: a cancelled reply stays in the cache -------------------------------------------------
 
 
-def check_cancel_keeps_the_reply(chat: ChatSession) -> None:
-    """test_chat's cancel scenario and assertions: cancelled after 5 shown tokens, the cache holds prompt + their
-    ids, and the next turn's cache matches a fresh evaluation."""
-    greedy = SamplingSettings(temperature=0.0, max_tokens=64)
-    chat.settings = greedy
-    messages = [
-        Message("system", "You are a concise assistant."),
-        Message("user", "Write a long story about a dragon."),
-    ]
-    prompt = chat.prompt_tokens(messages)
-    shown: list[TokenEvent] = []
-    stats = None
-    for event in chat.stream_reply(messages):
-        if isinstance(event, TokenEvent):
-            shown.append(event)
-            if len(shown) == 5:
-                chat.cancel()
-        else:
-            stats = event
-    assert stats is not None and stats.stop_reason == STOP_CANCELLED
-    assert chat.cached_tokens == prompt + [e.token_id for e in shown]
-
-    chat.settings = replace(greedy, max_tokens=1)
-    follow = [*messages, Message("assistant", stats.reply), Message("user", "Go on.")]
-    for _ in chat.stream_reply(follow):
-        pass
-    assert chat.cached_tokens == chat.prompt_tokens(follow)
-    assert_cache_matches_fresh(chat)
-
-
 def test_cancel_dropping_the_reply_fails_the_cancel_check(smollm2_model, monkeypatch: pytest.MonkeyPatch) -> None:
     """A cancel that takes the partial reply's ids back out of the cache: the cancel scenario's cache check fails."""
-    check_cancel_keeps_the_reply(ChatSession(smollm2_model))
+    check_cancel_keeps_the_reply(ChatSession(smollm2_model), assert_cache_matches_fresh)
     real = ChatSession._generate
 
     def forget_on_cancel(self: ChatSession, prompt: list[int], *args: object) -> Iterator[TokenEvent | TurnStats]:
@@ -235,4 +205,4 @@ def test_cancel_dropping_the_reply_fails_the_cancel_check(smollm2_model, monkeyp
 
     monkeypatch.setattr(ChatSession, "_generate", forget_on_cancel)
     with pytest.raises(AssertionError):
-        check_cancel_keeps_the_reply(ChatSession(smollm2_model))
+        check_cancel_keeps_the_reply(ChatSession(smollm2_model), assert_cache_matches_fresh)
