@@ -3,11 +3,14 @@
     python benchmarks/load_test.py -m smollm2-135m-instruct --clients 1,2,4 --requests 4 --max-tokens 32
 
 Each client sends its requests one after another: a chat message of about `--prompt-words` random words (a
-different one each time, so no server can answer from a cached prompt), greedy, `--max-tokens` tokens with the
-end-of-turn banned (`ignore_eos` for ours and llama-server, `logit_bias` for llama-cpp-python), streamed with
-usage. Per server and client count it records requests/s and generated tokens/s over the wall time of the
-whole round, and TTFT p50/p95 as the clients measured it (queueing included). Both servers get the same threads
-and listen on 127.0.0.1; they run one after the other, never at once.
+different one each time, so no server can answer from a cached prompt), greedy, up to `--max-tokens` tokens
+(`--ban-eos`: exactly that many, the end-of-turn banned by `ignore_eos` for ours and `logit_bias` for
+llama-cpp-python, whose logit_bias runs in Python and slows it down), streamed with usage. Per server and
+client count it records requests/s and generated tokens/s over the wall time of the whole round, and TTFT
+p50/p95 as the clients measured it (queueing included). Both servers get the same threads and listen on
+127.0.0.1; they run one after the other, never at once. llama-cpp-python's server runs with
+`--interrupt_requests False`: by default a new request ends the stream in progress (with [DONE], after a few
+tokens), so concurrent clients would get cut replies rather than a queue.
 
 llama-cpp-python comes from the venv the tests build (tests/app/llama_cpp_server.py, CMAKE_ARGS
 "-DGGML_NATIVE=OFF"), or from --llama-python PY (e.g. a native build); it is never a project dependency.
@@ -39,6 +42,7 @@ import openai  # noqa: E402
 
 WORDS = ("time", "river", "light", "stone", "green", "music", "paper", "window", "city", "house", "north", "cloud")
 NO_END = {"ignore_eos": True, "logit_bias": {"0": -100, "2": -100}}  # SmolLM2's <|endoftext|>, <|im_end|>
+EXTRA: dict = {}  # the request's extra body: NO_END with --ban-eos
 
 
 @dataclass
@@ -66,7 +70,7 @@ def one_request(client: openai.OpenAI, model: str, prompt: str, max_tokens: int)
     ttft, pieces, usage = None, 0, None
     stream = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": prompt}], stream=True, max_tokens=max_tokens,
-        temperature=0.0, stream_options={"include_usage": True}, extra_body=NO_END,
+        temperature=0.0, stream_options={"include_usage": True}, extra_body=EXTRA,
     )  # fmt: skip
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -177,7 +181,10 @@ def main() -> int:
     ap.add_argument("--llama-python", help="an interpreter with llama-cpp-python[server] (default: the tests' venv)")
     ap.add_argument("--only", choices=("chatapp", "llama-cpp-python"), help="measure one server")
     ap.add_argument("--json", type=Path, help="also write the rounds here")
+    ap.add_argument("--ban-eos", action="store_true", help="every reply exactly --max-tokens long")
     args = ap.parse_args()
+    if args.ban_eos:
+        EXTRA.update(NO_END)
 
     from chatapp.catalog import resolve_model
 
@@ -198,15 +205,19 @@ def main() -> int:
 
             python = Path(args.llama_python) if args.llama_python else ensure_server_python()
             log = workdir / "llama-server.log"
-            with llama_server(python, model, log, alias="model", n_ctx=args.ctx_size, threads=args.threads) as server:
+            queue = ("--interrupt_requests", "False")  # queue concurrent requests instead of cutting the running one
+            with llama_server(
+                python, model, log, alias="model", n_ctx=args.ctx_size, threads=args.threads, extra=queue
+            ) as server:
                 load_round(server.url, "model", "warm-up", 1, 1, 8, 4)
                 for n in counts:
                     rounds.append(load_round(server.url, "model", "llama-cpp-python", n, args.requests,
                                              args.prompt_words, args.max_tokens))  # fmt: skip
                     print(rounds[-1], file=sys.stderr)
 
+    each = f"exactly {args.max_tokens}" if args.ban_eos else f"up to {args.max_tokens}"
     print(f"{model.name}, {args.threads} threads, {cpu_name()}; {args.requests} requests per client, "
-          f"~{args.prompt_words}-word prompts, {args.max_tokens} tokens each\n")  # fmt: skip
+          f"~{args.prompt_words}-word prompts, {each} tokens each\n")  # fmt: skip
     print("| server | clients | requests/s | TTFT p50 ms | TTFT p95 ms | tokens/s | failures |")
     print("|---|---|---|---|---|---|---|")
     for r in rounds:
