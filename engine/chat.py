@@ -30,19 +30,11 @@ from .events import (
 from .kv_store import KVStore, template_sha256
 from .model import Model
 from .sampling import Sampler, SamplingSettings
+from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 class ChatSession:

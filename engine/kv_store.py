@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .sequences import common_prefix
+
 if TYPE_CHECKING:
     from .model import Session
 
@@ -137,12 +139,12 @@ class KVStore:
         more of it than the session already does, into `session`; the positions restored, 0 if none."""
         if session.cache.device is not None or session.cache.ring_rows is not None:  # see save
             return 0
-        have = _common_prefix(session.tokens, prompt)
+        have = common_prefix(session.tokens, prompt)
         best, best_n = None, have + max(at_least, 1) - 1
         for entry in self.entries():
             if (entry.model_sha256, entry.template_sha256) != (model_sha, template_sha):
                 continue
-            n = _common_prefix(entry.tokens, prompt)
+            n = common_prefix(entry.tokens, prompt)
             if n > best_n:
                 best, best_n = entry, n
         if best is None:
@@ -152,7 +154,7 @@ class KVStore:
             best.path.unlink(missing_ok=True)
             return 0
         tokens, k, v = loaded
-        n = min(_common_prefix(tokens, prompt), best_n)
+        n = min(common_prefix(tokens, prompt), best_n)
         session.truncate(0)
         session.cache.k[:, :, :n] = k[:, :, :n]
         session.cache.v[:, :, :n] = v[:, :, :n]
@@ -258,11 +260,3 @@ class KVStore:
                     p.unlink()
             except OSError:
                 pass
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n

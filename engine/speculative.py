@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .errors import SettingsError
+from .sequences import common_prefix
 
 if TYPE_CHECKING:
     from .model import Model
@@ -203,7 +204,7 @@ class ModelDrafter:
         return list(self.session.tokens)
 
     def follow(self, tokens: Sequence[int]) -> None:
-        keep = _common_prefix(self.session.tokens, tokens)
+        keep = common_prefix(self.session.tokens, tokens)
         self.session.truncate(keep)
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
@@ -211,7 +212,7 @@ class ModelDrafter:
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
         if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
-        keep = min(_common_prefix(self.session.tokens, context), len(context) - 1)
+        keep = min(common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
         t0 = time.perf_counter()
         logits = self.session.eval(context[keep:])
@@ -236,11 +237,3 @@ class ModelDrafter:
         self.length.feedback(drafted, accepted)
         if self.pace is not None:
             self.pace.record(drafted, accepted, pass_ms - self._catch_up_ms)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
