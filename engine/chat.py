@@ -67,6 +67,7 @@ class ChatSession:
             meta.get("tokenizer.chat_template"),
             bos_token=tok.detokenize([tok.bos_id]) if tok.bos_id is not None else "",
             eos_token=tok.detokenize([tok.eos_id]) if tok.eos_id is not None else "",
+            special_tokens=tok.special_texts,
         )
         self.settings = settings or SamplingSettings()
         """Replaced (never mutated) from any thread; read before every sampled token."""

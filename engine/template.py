@@ -4,7 +4,9 @@ A GGUF file carries its chat template as Jinja source (`tokenizer.chat_template`
 Face transformers renders it. The file was downloaded, so the template is untrusted code. It runs in Jinja's
 immutable sandbox, where any reach for an internal attribute (`__class__`, `__globals__`, `_private`) raises
 SecurityError at once, and under limits on output size, sequence size and time. Anything that goes wrong
-switches the template to ChatML for good, with one warning.
+switches the template to a built-in turn format for good, with one warning: the first of `TURN_FORMATS` whose
+markers are special tokens of the model's vocabulary (Gemma's `<start_of_turn>`, Llama 3's headers), else ChatML,
+llama.cpp's default. Markers that are not tokens would reach the model as plain text, which it echoes.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -34,8 +37,6 @@ MAX_INT_ARG = MAX_OUTPUT_CHARS  # no call from a template needs a bigger number 
 MAX_POW_BITS = 4096  # `**` results beyond this are a CPU/memory bomb, not a chat prompt
 RENDER_TIME_LIMIT_S = 2.0  # real templates render in milliseconds
 
-_CHATML_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
-_CHATML_GENERATION_PROMPT = "<|im_start|>assistant\n"
 _PROBE_USER = "chatapp-probe-user-1f9c"
 _PROBE_ASSISTANT = "chatapp-probe-assistant-1f9c"
 
@@ -161,18 +162,75 @@ def _time_limit(seconds: float) -> Iterator[None]:
         sys.settrace(previous)
 
 
-def _chatml(messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
-    text = "".join(_CHATML_TURN.format(role=m["role"], content=m["content"]) for m in messages)
-    return text + (_CHATML_GENERATION_PROMPT if add_generation_prompt else "")
+@dataclass(frozen=True)
+class TurnFormat:
+    """A chat format built in, for a model whose file has no usable template."""
+
+    name: str
+    turn: str  # one message, with {role} and {content}
+    generation_prompt: str  # what opens the assistant's turn
+    markers: tuple[str, ...]  # the special tokens it is written in; the vocabulary must have them all
+    roles: dict[str, str] = field(default_factory=dict)  # role renames: Gemma's assistant is "model"
+    system_in_first_user: bool = False  # no system role: its text opens the first user turn (Gemma)
+    trim: bool = False  # contents are stripped, as the family's own template does
+
+    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+        turns = [dict(m) for m in messages]
+        if self.system_in_first_user and turns and turns[0]["role"] == "system":
+            system = turns.pop(0)["content"]
+            if turns and turns[0]["role"] == "user":
+                turns[0]["content"] = f"{system}\n\n{turns[0]['content']}"
+            else:
+                turns.insert(0, {"role": "user", "content": system})
+        text = "".join(
+            self.turn.format(
+                role=self.roles.get(m["role"], m["role"]), content=m["content"].strip() if self.trim else m["content"]
+            )
+            for m in turns
+        )
+        return text + (self.generation_prompt if add_generation_prompt else "")
+
+
+CHATML = TurnFormat(
+    "ChatML", "<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n", ("<|im_start|>", "<|im_end|>")
+)
+TURN_FORMATS = (
+    CHATML,
+    TurnFormat(
+        "Gemma's turn format",
+        "<start_of_turn>{role}\n{content}<end_of_turn>\n",
+        "<start_of_turn>model\n",
+        ("<start_of_turn>", "<end_of_turn>"),
+        roles={"assistant": "model"},
+        system_in_first_user=True,
+        trim=True,
+    ),
+    TurnFormat(
+        "Llama 3's turn format",
+        "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        trim=True,
+    ),
+)
+
+
+def fallback_format(special_tokens: Collection[str]) -> TurnFormat:
+    """The built-in format the vocabulary is written for: the first whose markers are all special tokens."""
+    return next((f for f in TURN_FORMATS if all(m in special_tokens for m in f.markers)), CHATML)
 
 
 class ChatTemplate:
-    """A model's chat template, or ChatML when the model has none or its template fails."""
+    """A model's chat template, or a built-in turn format when the model has none or its template fails."""
 
-    def __init__(self, source: str | None, bos_token: str, eos_token: str) -> None:
+    def __init__(
+        self, source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+    ) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.fallback = fallback_format(special_tokens)
+        """What renders the conversation when the template cannot: chosen from the vocabulary's special tokens."""
         self.warning: str | None = None
         """Why the model's template is not used, set once; None while it works."""
         self._template: Any = None
@@ -190,9 +248,11 @@ class ChatTemplate:
                 self._fail(f"chat template does not compile ({_describe(e)})")
 
     @classmethod
-    def from_metadata(cls, template_source: str | None, bos_token: str, eos_token: str) -> ChatTemplate:
-        """Build from the GGUF's `tokenizer.chat_template` and the BOS/EOS token texts."""
-        return cls(template_source, bos_token, eos_token)
+    def from_metadata(
+        cls, template_source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+    ) -> ChatTemplate:
+        """Build from the GGUF's `tokenizer.chat_template`, the BOS/EOS token texts and the special tokens' texts."""
+        return cls(template_source, bos_token, eos_token, special_tokens)
 
     @property
     def uses_fallback(self) -> bool:
@@ -201,7 +261,7 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         """The prompt text for `messages`, ending with the assistant's turn opener if asked.
 
-        The first failure switches this template to ChatML for good: the prompt for earlier turns must not
+        The first failure switches this template to its fallback format for good: the prompt for earlier turns must not
         change format mid-conversation (the KV cache reuses it), and a hostile template runs only once.
         """
         dicts = [{"role": m.role, "content": m.content} for m in messages]
@@ -214,7 +274,7 @@ class ChatTemplate:
                 if text.strip():
                     return text
                 self._fail("chat template rendered an empty prompt")
-        return _chatml(dicts, add_generation_prompt)
+        return self.fallback.render(dicts, add_generation_prompt)
 
     def end_of_turn_strings(self) -> list[str]:
         """Strings the template closes an assistant turn with (e.g. '<|im_end|>', '<|eot_id|>', '</s>').
@@ -251,7 +311,7 @@ class ChatTemplate:
     def _fail(self, reason: str) -> None:
         self._template = None
         if self.warning is None:
-            self.warning = f"{reason}; using ChatML"
+            self.warning = f"{reason}; using {self.fallback.name}"
 
 
 def _describe(e: BaseException) -> str:

@@ -543,6 +543,11 @@ class Tokenizer:
         token_id = self._hf.token_to_id(text)
         return token_id if token_id is not None and token_id < self.n_vocab else None  # not the barrier
 
+    @property
+    def special_texts(self) -> frozenset[str]:
+        """The texts that tokenize(special=True) turns into one special token (control, user-defined, unknown)."""
+        return frozenset(text for _, text, _ in self._specials)
+
     def is_control(self, token_id: int) -> bool:
         """Whether the token is a control token (<|im_start|>, </s>, ...), not text the model writes."""
         self._check_id(token_id)

@@ -24,7 +24,7 @@ class Prompter:
         self.template = template
 
     def chat(self, messages: Sequence[Message]) -> list[int]:
-        # A template that raises switches itself to ChatML for good (right for one conversation). Here one
+        # A template that raises switches itself to its fallback format for good (right for one conversation). Here one
         # client's odd messages must not change every later prompt, so each render gets a copy, and a template
         # that refuses the messages is the client's error.
         template = copy.copy(self.template)

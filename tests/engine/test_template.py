@@ -1,4 +1,5 @@
-"""Chat templates: the real models' templates render exactly, and hostile templates fall back to ChatML."""
+"""Chat templates: the real models' templates render exactly, and hostile or missing templates fall back to a
+built-in format the vocabulary is written in."""
 
 from __future__ import annotations
 
@@ -350,3 +351,67 @@ def test_end_of_turn_strings(source: str, eos: str, expected: list[str]) -> None
     t = ChatTemplate.from_metadata(source, "<s>", eos)
     assert t.end_of_turn_strings() == expected
     assert t.warning is None
+
+
+# --- the built-in format follows the vocabulary ------------------------------------------------------------
+
+GEMMA_SPECIALS = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"}
+
+
+def test_no_template_and_gemma_tokens_means_gemma_turns() -> None:
+    t = ChatTemplate.from_metadata(None, "<bos>", "<eos>", GEMMA_SPECIALS)
+    assert t.warning == "the model has no chat template; using Gemma's turn format"
+    assert t.render(CONVERSATION, add_generation_prompt=True) == (
+        "<start_of_turn>user\nAnswer in one word.\n\nCapital of France?<end_of_turn>\n"
+        "<start_of_turn>model\nParis.<end_of_turn>\n"
+        "<start_of_turn>user\nAnd of Italy?<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    assert t.end_of_turn_strings() == ["<end_of_turn>"]
+
+
+def test_a_lone_system_message_becomes_gemmas_first_user_turn() -> None:
+    t = ChatTemplate.from_metadata(None, "", "", GEMMA_SPECIALS)
+    assert t.render([Message("system", " Be brief. ")], add_generation_prompt=False) == (
+        "<start_of_turn>user\nBe brief.<end_of_turn>\n"
+    )
+
+
+def test_no_template_and_llama3_tokens_means_llama3_headers() -> None:
+    specials = {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
+    t = ChatTemplate.from_metadata("", "<|begin_of_text|>", "<|eot_id|>", specials)
+    text = t.render(CONVERSATION[1:2], add_generation_prompt=True)
+    assert text == (
+        "<|start_header_id|>user<|end_header_id|>\n\nCapital of France?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert t.end_of_turn_strings() == ["<|eot_id|>"]
+
+
+def test_chatml_when_the_vocabulary_has_chatml_or_no_known_markers() -> None:
+    both = GEMMA_SPECIALS | {"<|im_start|>", "<|im_end|>"}  # ChatML first: the most common writing
+    assert ChatTemplate.from_metadata(None, "", "", both).render(CONVERSATION, True) == CHATML
+    only_half = {"<start_of_turn>"}  # a format is used only when every marker is one token
+    assert ChatTemplate.from_metadata(None, "", "", only_half).render(CONVERSATION, True) == CHATML
+
+
+def test_a_failing_template_falls_back_to_the_vocabularys_format() -> None:
+    t = ChatTemplate.from_metadata("{{ raise_exception('no') }}", "", "", GEMMA_SPECIALS)
+    assert t.render(CONVERSATION[1:2], add_generation_prompt=True).startswith("<start_of_turn>user\n")
+    assert t.warning is not None and t.warning.endswith("; using Gemma's turn format")
+
+
+@pytest.mark.slow
+def test_gemma3_file_without_template_chats_in_its_own_tokens(gemma3_model) -> None:
+    """The Gemma 3 base file has no chat template: its prompt uses <start_of_turn> tokens, and <end_of_turn>
+    stops a reply, instead of ChatML tags the vocabulary spells out as text."""
+    from engine.chat import ChatSession
+
+    tok = gemma3_model.tokenizer
+    assert "tokenizer.chat_template" not in gemma3_model.file.metadata
+    chat = ChatSession(gemma3_model)
+    ids = chat.prompt_tokens([Message("user", "Hello")])
+    start, end = tok.token_id("<start_of_turn>"), tok.token_id("<end_of_turn>")
+    assert ids[0] == tok.bos_id and ids.count(start) == 2
+    assert tok.token_id("<|im_start|>") is None and end in chat.stop_ids
+    assert any("Gemma's turn format" in w for w in chat.warnings())
