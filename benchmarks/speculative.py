@@ -6,7 +6,9 @@ Named prompts (greedy, the model's chat template):
 - `rewrite`: "rewrite this code with one change" over a 40-line Python module (REWRITE_CODE below): the reply
   repeats most of the prompt, the case prompt lookup is for.
 - `fresh`: a short request whose reply repeats nothing of the prompt (lookup finds few matches).
-For each prompt: plain decode, `--lookup` (paced, as the app runs it) and, with -md, the draft model; decode
+For each prompt: plain decode, `--lookup` (paced, as the app runs it), `misses` (prompt lookup whose every
+guess is wrong, paced the same way: the worst case of a prompt where nothing matches, which the pacing must keep
+near plain speed) and, with -md, the draft model; decode
 tok/s is the median of the repetitions, and every drafted reply is checked against the plain one token for token.
 `pass_ms`: the fastest of 7 target passes over 1, 2, 4, 8 and 16 tokens: with tokens per pass, what a drafted
 step costs against a plain one, the least load-dependent figure here.
@@ -105,6 +107,21 @@ def turn(chat: ChatSession, messages: list[Message]) -> tuple[list[int], TurnSta
     stats = events[-1]
     assert isinstance(stats, TurnStats)
     return [e.token_id for e in events[:-1]], stats
+
+
+class MissingLookup(LookupDrafter):
+    """Prompt lookup's length and pacing, guessing a token the reply never holds (the vocabulary's last id, a
+    padding or control token): every guess is checked and rejected."""
+
+    def __init__(self, miss: int) -> None:
+        super().__init__(paced=True)
+        self.miss = miss
+
+    def draft(self, context, limit: int) -> list[int]:
+        n = min(limit, self.length.now)
+        if n <= 0 or (self.pace is not None and not self.pace.allow()):
+            return []
+        return [self.miss] * n
 
 
 def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
@@ -206,7 +223,11 @@ def main() -> int:
         draft = load_model(resolve_model(args.model_draft), n_ctx=4096) if args.model_draft else None
         out = results[model.name] = {}
         for name, messages in () if args.skip_decode else PROMPTS.items():
-            modes = {"plain": None, "lookup": lambda: LookupDrafter(paced=True)}
+            modes = {
+                "plain": None,
+                "lookup": lambda: LookupDrafter(paced=True),
+                "misses": lambda m=model: MissingLookup(m.n_vocab - 1),
+            }
             if draft is not None:
                 modes["draft"] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
             row = out[name] = decode_figures(model, modes, messages, args.n, args.r)

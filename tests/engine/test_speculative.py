@@ -315,6 +315,20 @@ def test_lookup_finds_the_latest_longest_match() -> None:
     assert d.draft([4, 4, 4, 4], 8) == [4]  # the latest match: the one that ends just before the key
 
 
+def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
+    """1, 3, 7, 15 guesses (2, 4, 8, 16 rows per pass), capped by draft_max; any rejection starts over at one."""
+    d = LookupDrafter(draft_max=10)
+    ctx = list(range(40)) + list(range(20))  # "17 18 19" matched at 17: guesses 20, 21, ...
+    lengths = []
+    for accepted_all in (True, True, True, True, False, True):
+        guess = d.draft(ctx, 100)
+        lengths.append(len(guess))
+        d.feedback(len(guess), len(guess) if accepted_all else 0, 1.0)
+    assert lengths == [1, 3, 7, 10, 10, 1]
+    d.feedback(0, 0, 1.0)  # a plain pass says nothing of guessing
+    assert len(d.draft(ctx, 100)) == 3
+
+
 def test_pace_pauses_guessing_that_does_not_pay() -> None:
     """Given pass times (no clock involved): guesses that yield fewer tokens per millisecond than a plain pass
     pause guessing for a doubling number of steps; guesses that pay keep it on."""
