@@ -16,7 +16,7 @@ from .footprint import install_numba_savings, release_free_heap
 from .gguf_file import open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
-from .runtime import KERNEL_CACHE_DIR, configure_threads, kernels_compiled
+from .runtime import KERNEL_CACHE_DIR, compile_progress, compile_target, configure_threads, kernel_isa, kernels_compiled
 from .weights import bind_weights
 
 # Upper bound on the KV cache we agree to allocate, as a share of physical memory.
@@ -98,9 +98,13 @@ def load_model(
     if kernels_compiled():
         say("loading kernels")
     else:
-        say("compiling kernels: first start only, about two minutes")
-    model.logits([0])  # the one-token (matvec) path
-    model.logits([0, 0])  # the prompt (tiled matmul) path
+        say(f"compiling kernels for {kernel_isa(compile_target(os.environ)[1])}: first start only, a few minutes")
+    with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
+        t1 = time.perf_counter()
+        model.logits([0])  # the one-token (matvec) path
+        model.logits([0, 0])  # the prompt (tiled matmul) path
+    if compiled():
+        say(f"{compiled()} kernels compiled in {time.perf_counter() - t1:.0f} s; later starts load them")
     release_free_heap()  # what loading parsed and dropped
     model.load_s = time.perf_counter() - t0
     return model

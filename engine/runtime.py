@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 # The block kernels' instruction sets (engine/kernels/simd.py), best first.
@@ -94,6 +96,36 @@ if "numba" in sys.modules:  # imported before us: its config has been read alrea
 def kernels_compiled() -> bool:
     """Whether the kernel cache already holds compiled code (a start without compiling)."""
     return KERNEL_CACHE_DIR.is_dir() and any(KERNEL_CACHE_DIR.rglob("*.nbc"))
+
+
+@contextmanager
+def compile_progress(report: Callable[[int, float], None], every_s: float = 5.0) -> Iterator[Callable[[], int]]:
+    """Count the kernels Numba compiles inside the block (loads from the cache are not compiles), calling
+    report(count, seconds) at most every `every_s` seconds while it compiles. Yields a function for the count.
+
+    A first start compiles for minutes; a count that moves says it is working, where a message alone does not.
+    """
+    from numba.core import event
+
+    t0 = time.perf_counter()
+    last = [t0]
+
+    class Counter(event.Listener):
+        count = 0
+
+        def on_start(self, ev: event.Event) -> None:
+            pass
+
+        def on_end(self, ev: event.Event) -> None:
+            self.count += 1
+            now = time.perf_counter()
+            if now - last[0] >= every_s:
+                last[0] = now
+                report(self.count, now - t0)
+
+    counter = Counter()
+    with event.install_listener("numba:compile", counter):
+        yield lambda: counter.count
 
 
 def configure_threads(threads: int | None) -> int:

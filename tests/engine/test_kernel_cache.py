@@ -4,6 +4,7 @@ them and compiles nothing."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def _kernel_files(cache_dir: Path) -> dict[str, int]:
 def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> None:
     first = _start(smollm2_path, tmp_path)
     assert any("compiling kernels" in line for line in first), first
+    # progress is a count of kernels compiled: any interim counts rise, and the last line gives the total
+    counts = [int(m[1]) for line in first if (m := re.fullmatch(r"compiling kernels: (\d+) compiled in \d+ s", line))]
+    assert counts == sorted(counts), counts
+    total = re.fullmatch(r"(\d+) kernels compiled in \d+ s; later starts load them", first[-1])
+    assert total is not None and int(total[1]) > max(counts, default=0), first[-3:]
     compiled = _kernel_files(tmp_path)
     assert compiled, "the first start left no compiled kernels behind"
     # one folder, named after the host's kernel set and CPU: no other instruction set was compiled
@@ -44,3 +50,24 @@ def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> No
     assert any("loading kernels" in line for line in second), second
     assert not any("compiling" in line for line in second), second
     assert _kernel_files(tmp_path) == compiled, "the second start compiled (or rewrote) kernels"
+
+
+def test_compile_progress_counts_compiles_not_cache_loads() -> None:
+    from numba import njit
+
+    from engine.runtime import compile_progress
+
+    reports = []
+
+    @njit  # a fresh function, uncached: one real compile per signature
+    def twice(x):
+        return 2 * x
+
+    with compile_progress(lambda n, s: reports.append(n), every_s=0.0) as compiled:
+        twice(1)
+        twice(2)  # already compiled for int: no compile
+        twice(1.5)
+    assert compiled() == 2 and reports == [1, 2]
+    with compile_progress(lambda n, s: reports.append(n), every_s=0.0) as compiled:
+        twice(3)
+    assert compiled() == 0 and reports == [1, 2]
