@@ -116,11 +116,13 @@ class MissingLookup(LookupDrafter):
     def __init__(self, miss: int) -> None:
         super().__init__(paced=True)
         self.miss = miss
+        self.guessing_passes = 0  # target passes that checked a guess (each rejected)
 
     def draft(self, context, limit: int) -> list[int]:
         n = min(limit, self.length.now)
         if n <= 0 or (self.pace is not None and not self.pace.allow()):
             return []
+        self.guessing_passes += 1
         return [self.miss] * n
 
 
@@ -129,12 +131,15 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
     all of them alike; a mode's speed-up is the median of its per-repetition ratios to plain."""
     settings = SamplingSettings(temperature=0.0, max_tokens=n_gen)
     runs: dict[str, list] = {name: [] for name in modes}
+    guessing: dict[str, list[int]] = {name: [] for name in modes}
     for _ in range(reps):
         for name, factory in modes.items():
             before = load()
-            chat = ChatSession(model, settings, drafter=factory() if factory else None)
+            drafter = factory() if factory else None
+            chat = ChatSession(model, settings, drafter=drafter)
             ids, stats = turn(chat, messages)
             runs[name].append((ids, stats, before, load()))
+            guessing[name].append(getattr(drafter, "guessing_passes", -1))
     out = {}
     plain_ids = runs["plain"][-1][0]
     for name, rows in runs.items():
@@ -150,6 +155,7 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
             "tokens_per_pass": stats[-1].tokens_per_pass,
             "same_as_plain": all(r[0] == plain_ids for r in rows),
             "load": [f"{r[2]} -> {r[3]}" for r in rows],
+            "guessing_passes": guessing[name],
         }
     return out
 
@@ -246,6 +252,18 @@ def main() -> int:
             + f" ms, load {load()}",
             flush=True,
         )
+        # What wrong guesses cost, from counts and the pass costs above rather than from wall-clock ratios
+        # that a shared machine's load moves by +-20%: each rejected one-guess pass costs (pass 2 / pass 1 - 1)
+        # of a token more than a plain step.
+        for name in () if args.skip_decode else PROMPTS:
+            fig = out[name]["misses"]
+            n = max(fig["guessing_passes"])
+            extra = n * (costs[2] / costs[1] - 1) / fig["tokens"]
+            print(
+                f"{model.name} | {name} | misses: at most {n} guessing passes in {fig['tokens']} tokens: "
+                f"{extra:.1%} slower than plain at these pass costs",
+                flush=True,
+            )
         r = out["resume"] = resume_figures(model, args.resume_tokens)
         print(
             f"{model.name} | resume: {r['restored_tokens']}/{r['prompt_tokens']} tokens restored in "

@@ -329,6 +329,29 @@ def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
     assert len(d.draft(ctx, 100)) == 3
 
 
+def test_guesses_that_always_miss_are_checked_rarely() -> None:
+    """Where nothing matches, the pauses double (4, 8, 16, 32, 64): over 96 steps only 6 passes check a guess,
+    each a one-guess pass, so a reply pays ~6 x 0.3 of a token (the 2-row pass costs ~1.3x a plain one)."""
+    d = LookupDrafter(paced=True)
+    ctx = list(range(40)) + list(range(20))  # always a match: every step may guess
+    guessed = []
+    for step in range(96):
+        guess = d.draft(ctx, 100)
+        if guess:
+            guessed.append((step, len(guess)))
+            d.feedback(len(guess), 0, 13.0)  # rejected: 1 token for 1.3x a plain pass's time
+        else:
+            d.feedback(0, 0, 10.0)
+    assert [n for _, n in guessed] == [1] * 6
+    assert [s for s, _ in guessed] == [0, 2, 7, 16, 33, 66]
+    later = 0
+    for _ in range(650):  # from here on, one guess per 65 steps (PACE_MAX_PAUSE): ~0.5% of a reply's time
+        guess = d.draft(ctx, 100)
+        later += bool(guess)
+        d.feedback(len(guess), 0, 13.0 if guess else 10.0)
+    assert later <= 10, later
+
+
 def test_pace_pauses_guessing_that_does_not_pay() -> None:
     """Given pass times (no clock involved): guesses that yield fewer tokens per millisecond than a plain pass
     pause guessing for a doubling number of steps; guesses that pay keep it on."""
