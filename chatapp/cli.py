@@ -134,8 +134,8 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
     through `say` as text lines.
     """
     from . import hub
-    from .catalog import ModelError, default_model_name, ensure_model, resolve_model
-    from .pull import pull_with_progress
+    from .catalog import ModelError, default_model_name, resolve_model
+    from .pull import ensure_model, pull_with_progress
 
     if hub.is_hub_spec(spec):  # pulled on first use, as llama.cpp's -hf does
         if (found := hub.find_local(hub.HubSpec.parse(spec))) is not None:
