@@ -6,9 +6,7 @@ import threading
 
 import pytest
 
-from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
-from chatapp.tui.recorder import Recorder
-from chatapp.tui.state import (
+from chatapp.chat_state import (
     ChatState,
     LiveMetrics,
     Turn,
@@ -18,8 +16,11 @@ from chatapp.tui.state import (
     stats_line,
     stats_to_dict,
 )
+from chatapp.errors import describe_error
+from chatapp.recorder import Recorder
+from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
 from chatapp.tui.widgets.sampling_panel import KNOBS_BY_NAME, apply_knob
-from chatapp.tui.worker import describe_error, load_backend, stream_turn
+from chatapp.tui.worker import load_backend, stream_turn
 from engine.errors import ModelFileError
 from engine.events import STOP_CANCELLED, STOP_EOS, Alternative, Message, TokenEvent, TurnStats
 from engine.sampling import SamplingSettings

@@ -48,7 +48,7 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
     from textual.app import App
     from textual.widgets import DataTable
 
-    from chatapp.tui.state import Turn, stats_from_dict, stats_line, stats_to_dict
+    from chatapp.chat_state import Turn, stats_from_dict, stats_line, stats_to_dict
     from chatapp.tui.widgets.inspector import InspectorScreen
     from engine.events import STOP_EOS, TokenEvent, TurnStats
 
