@@ -220,6 +220,25 @@ class ChatService:
         self.active = ActiveReply(self._turn, reply, self.state.conv_id, messages)
         return self.active
 
+    def ask(self, text: str, on_text: Callable[[str], None]) -> Turn:
+        """Send `text` and generate the reply here, on the calling thread (`chatapp run --chat`); `on_text` gets
+        each token's text. The finished reply (saved, with its stats); a failure is raised as `ReplyError`."""
+        self.send(text)
+        active = self.start_reply()
+        assert self.backend is not None
+
+        def on_token(event: TokenEvent, elapsed_ms: float) -> None:
+            self.token(active.turn, event, elapsed_ms)
+            on_text(event.text)
+
+        try:
+            stats = generate_reply(self.backend, active.messages, on_token, active.stop)
+        except ReplyError as exc:
+            self.failed(active.turn, str(exc))
+            raise
+        self.finished(active.turn, stats)
+        return active.reply
+
     def current(self, turn: int) -> ActiveReply | None:
         """The reply in flight if `turn` is its number (a late report of an ended reply gives None)."""
         active = self.active

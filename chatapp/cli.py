@@ -13,7 +13,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
+    from engine.events import TurnStats
+
+    from .backend import ChatBackend
+    from .settings import AppSettings
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -180,7 +186,7 @@ def _load(args: argparse.Namespace, settings, say: Callable[[str], None], consol
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.chat import ChatSession
-    from engine.events import Message, TurnStats
+    from engine.events import TurnStats
 
     from .report import print_run_summary
 
@@ -203,23 +209,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     for note in settings.sampling.validated()[1]:
         say(f"warning: {note}")
     if args.chat:
-        messages = [Message("system", settings.system_prompt)] if settings.system_prompt else []
-        stream = chat.stream_reply([*messages, Message("user", args.prompt)])
         for w in chat.warnings():
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
-    else:
-        tok = model.tokenizer
-        ids = tok.tokenize(args.prompt, special=True)
-        if tok.add_bos and tok.bos_id is not None:
-            ids.insert(0, tok.bos_id)
-        if not ids:
-            raise CliError("the prompt is empty")
-        print(args.prompt, end="", flush=True)
-        stream = chat.stream_completion(ids)
+        stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        print_run_summary(model, stats, sys.stderr)
+        return EXIT_INTERRUPTED if interrupted else 0
+    tok = model.tokenizer
+    ids = tok.tokenize(args.prompt, special=True)
+    if tok.add_bos and tok.bos_id is not None:
+        ids.insert(0, tok.bos_id)
+    if not ids:
+        raise CliError("the prompt is empty")
+    print(args.prompt, end="", flush=True)
     stats = None
-    with _ctrl_c_cancels(chat) as interrupted:
-        for event in stream:
+    with _ctrl_c_cancels(chat.cancel) as interrupted:
+        for event in chat.stream_completion(ids):
             if isinstance(event, TurnStats):
                 stats = event
             else:
@@ -229,8 +234,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
+def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> tuple[TurnStats | None, bool]:
+    """`run --chat`: one user message through the chat service (no store), the reply on stdout as it comes.
+
+    Returns the reply's stats (None if it failed) and whether Ctrl+C stopped it."""
+    from .chat_service import ChatService, ReplyError
+    from .recorder import Recorder
+
+    service = ChatService(
+        Recorder(None, lambda _text: None),
+        model_name=getattr(backend, "model_name", ""),
+        settings=backend.settings,
+        system_prompt=settings.system_prompt,
+        backend=backend,
+    )
+    with _ctrl_c_cancels(service.stop) as interrupted:
+        try:
+            reply = service.ask(prompt, lambda text: print(text, end="", flush=True))
+        except ReplyError as e:
+            print(flush=True)
+            raise CliError(str(e)) from None
+    print(flush=True)
+    return reply.stats, bool(interrupted)
+
+
 @contextlib.contextmanager
-def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
+def _ctrl_c_cancels(cancel: Callable[[], object]) -> Iterator[list[bool]]:
     """While generating, the first Ctrl+C cancels the reply (the token loop ends it with its stats); a second
     one interrupts. A KeyboardInterrupt raised inside the generator would kill it and lose the stats.
 
@@ -242,7 +271,7 @@ def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
         if pressed:
             raise KeyboardInterrupt
         pressed.append(True)
-        chat.cancel()
+        cancel()
 
     if threading.current_thread() is not threading.main_thread():  # signal handlers live on the main thread
         yield pressed
