@@ -29,17 +29,28 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 2."""
 
 
+# llama.cpp's spelling where it is not the setting's name; max_tokens is each command's own -n.
+_SAMPLING_FLAGS = {"temperature": "--temp", "max_tokens": None}
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
+    """One flag per sampling setting, from the engine's declaration (type, accepted values, meaning)."""
+    from engine.sampling import SAMPLER_SETTINGS
+
     g = p.add_argument_group("sampling")
-    g.add_argument("--temp", dest="temperature", type=float, help="temperature; 0 = greedy")
-    g.add_argument("--top-k", dest="top_k", type=int)
-    g.add_argument("--top-p", dest="top_p", type=float)
-    g.add_argument("--min-p", dest="min_p", type=float)
-    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float)
-    g.add_argument("--repeat-last-n", dest="repeat_last_n", type=int)
-    g.add_argument("--presence-penalty", dest="presence_penalty", type=float)
-    g.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
-    g.add_argument("--seed", type=int, help="-1 = random")
+    for setting in SAMPLER_SETTINGS:
+        flag = _SAMPLING_FLAGS.get(setting.name, "--" + setting.name.replace("_", "-"))
+        if flag is not None:
+            help_text = f"{setting.help} Accepts {setting.expected}." if setting.expected else setting.help
+            g.add_argument(flag, dest=setting.name, type=setting.kind, help=help_text.replace("%", "%%"))
+
+
+def _n_predict(p: argparse.ArgumentParser, what: str) -> None:
+    """-n, llama.cpp's name for max_tokens, with the declaration's accepted values."""
+    from engine.sampling import SAMPLER_SETTINGS_BY_NAME
+
+    setting = SAMPLER_SETTINGS_BY_NAME["max_tokens"]
+    p.add_argument("-n", "--n-predict", dest="max_tokens", type=setting.kind, help=f"{what}: {setting.expected}")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -70,9 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(run)
     add_draft_args(run)
     run.add_argument("-p", "--prompt", required=True)
-    run.add_argument(
-        "-n", "--n-predict", dest="max_tokens", type=int, help="tokens to generate (-1: no limit)"
-    )
+    _n_predict(run, "tokens to generate")
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
     _sampling_args(run)
@@ -92,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue", dest="max_queue", type=int, default=16, metavar="N",
         help="requests that may wait behind the running one; more are answered 503 (default: 16)",
     )  # fmt: skip
-    serve.add_argument("-n", "--n-predict", dest="max_tokens", type=int, help="default reply limit (-1: none)")
+    _n_predict(serve, "the default reply limit")
     _sampling_args(serve)
 
     pull = sub.add_parser("pull", help="download a catalog model, or hf:ORG/REPO[:QUANT|/FILE.gguf], into the cache")
