@@ -373,7 +373,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from .tui.app import run_app
+    from .tui.launch import run_app
 
     settings = _settings(args)
 
