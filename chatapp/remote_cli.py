@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from engine.events import Message, TokenEvent, TurnStats
+from engine.events import TokenEvent, TurnStats
 
 from .remote import RemoteBackend, connect
 from .settings import AppSettings
@@ -60,27 +60,25 @@ def _say(msg: str) -> None:
 
 def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     """`chatapp run` on the server: the reply on stdout, the timing summary on stderr."""
-    from .cli import EXIT_INTERRUPTED, CliError, _ctrl_c_cancels
+    from .cli import EXIT_INTERRUPTED, CliError, _ctrl_c_cancels, run_chat_reply
 
     if not args.prompt:
         raise CliError("the prompt is empty")
     for note in settings.sampling.validated()[1]:
         _say(f"warning: {note}")
     backend = open_remote(args, settings, _say)
+    stats = None
     if args.chat:
-        messages = [Message("system", settings.system_prompt)] if settings.system_prompt else []
-        stream = backend.stream_reply([*messages, Message("user", args.prompt)])
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
     else:
         print(args.prompt, end="", flush=True)
-        stream = backend.stream_completion(args.prompt)
-    stats = None
-    with _ctrl_c_cancels(backend) as interrupted:
-        for event in stream:
-            if isinstance(event, TurnStats):
-                stats = event
-            else:
-                print(event.text, end="", flush=True)
-    print(flush=True)
+        with _ctrl_c_cancels(backend.cancel) as interrupted:
+            for event in backend.stream_completion(args.prompt):
+                if isinstance(event, TurnStats):
+                    stats = event
+                else:
+                    print(event.text, end="", flush=True)
+        print(flush=True)
     for warning in backend.warnings():
         _say(f"warning: {warning}")
     print_remote_summary(backend, stats, sys.stderr)

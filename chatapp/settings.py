@@ -4,7 +4,8 @@ Every key is checked against the defaults' schema: an unknown key, a wrong type 
 `ConfigError` naming the file (and line, where it can be found), the key and what was expected. The message is
 one line; the CLI prints `str(error)` and never a traceback.
 
-The `[sampling]` table maps one to one onto `engine.sampling.SamplingSettings`, whose fields are the schema.
+The `[sampling]` table maps one to one onto `engine.sampling.SamplingSettings`; its keys, types and ranges are
+the engine's declaration, `engine.sampling.SAMPLER_SETTINGS`.
 The `[remote]` table (`RemoteSettings`) points the app at an OpenAI-compatible server instead of the local
 engine; `OPENAI_BASE_URL` and `OPENAI_API_KEY` override its `base_url` and `api_key`, as the `openai` client's own
 defaults do, and the command line overrides them.
@@ -12,13 +13,11 @@ defaults do, and the command line overrides them.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import os
 import re
 import tomllib
-import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,18 +102,6 @@ _TOP_RULES: dict[str, _Rule] = {
     "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
 }
 
-_SAMPLING_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (lambda v: v >= 0, "≥ 0 (0 = greedy)"),
-    "top_k": (lambda v: v >= 0, "≥ 0 (0 = off)"),
-    "top_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
-    "min_p": (lambda v: 0 <= v <= 1, "between 0 and 1"),
-    "repeat_penalty": (lambda v: v > 0, "> 0 (1 = off)"),
-    "repeat_last_n": (lambda v: v >= -1, "≥ -1 (-1 = the whole context, 0 = off)"),
-    "seed": (lambda v: v >= -1, "≥ -1 (-1 = random)"),
-    "max_tokens": (lambda v: v == -1 or v >= 1, "≥ 1, or -1 for no limit"),
-}
-
-
 _REMOTE_RULES: dict[str, _Rule] = {
     "base_url": _Rule(
         str, lambda v: not v.strip() or re.match(r"https?://[^/\s]+", v.strip()) is not None,
@@ -129,16 +116,12 @@ _REMOTE_RULES: dict[str, _Rule] = {
 
 @functools.cache
 def _sampling_rules() -> dict[str, _Rule]:
+    """The `[sampling]` keys, read off the engine's one declaration of each setting (`SAMPLER_SETTINGS`)."""
     # Imported here, not at the top: importing `engine` loads Numba (seconds), and the catalog and `chatapp
     # pull` read TOML through this module without needing the engine.
-    from engine.sampling import SamplingSettings
+    from engine.sampling import SAMPLER_SETTINGS
 
-    hints = typing.get_type_hints(SamplingSettings)
-    rules = {}
-    for field in dataclasses.fields(SamplingSettings):
-        check, expected = _SAMPLING_CHECKS.get(field.name, (None, ""))
-        rules[field.name] = _Rule(hints[field.name], check, expected)
-    return rules
+    return {s.name: _Rule(s.kind, s.accepts, s.expected) for s in SAMPLER_SETTINGS}
 
 
 # ---------------------------------------------------------------------------------------------------------

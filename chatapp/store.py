@@ -156,7 +156,8 @@ class Conversation:
     title: str
     model: str
     system_prompt: str
-    messages: list[StoredMessage]  # in the order they were added
+    messages: list[StoredMessage]  # the branch on screen, root first
+    created: float = dataclasses.field(default=0.0, compare=False)  # time.time() when it was created
 
 
 class StoreError(Exception):
@@ -199,26 +200,6 @@ def stats_to_dict(stats: TurnStats, tokens: Sequence[TokenEvent] | None = None) 
     if tokens is not None:
         d["tokens"] = [dataclasses.asdict(t) | {"top": [dataclasses.asdict(a) for a in t.top]} for t in tokens]
     return d
-
-
-def stats_line(stats: dict[str, Any]) -> str:
-    """One line for a reply's stats, e.g. "128 tokens · 41.2 tok/s · prompt 512 (40 new) · TTFT 0.35 s · eos".
-
-    Reads only the keys present, so stats from an older version still print what they have.
-    """
-    parts = []
-    if "generated_tokens" in stats:
-        parts.append(f"{stats['generated_tokens']} tokens")
-    if stats.get("decode_tok_s"):
-        parts.append(f"{stats['decode_tok_s']:.1f} tok/s")
-    if "prompt_tokens" in stats:
-        new = stats.get("evaluated_tokens")
-        parts.append(f"prompt {stats['prompt_tokens']}" + (f" ({new} new)" if new is not None else ""))
-    if "ttft_ms" in stats:
-        parts.append(f"TTFT {stats['ttft_ms'] / 1000:.2f} s")
-    if stats.get("stop_reason"):
-        parts.append(str(stats["stop_reason"]))
-    return " · ".join(parts)
 
 
 class ConversationStore:
@@ -422,7 +403,7 @@ class ConversationStore:
     def load(self, conv_id: int) -> Conversation:
         with self._read("load a conversation") as c:
             head = c.execute(
-                "SELECT id, title, model, system_prompt FROM conversations WHERE id = ?", (conv_id,)
+                "SELECT id, title, model, system_prompt, created FROM conversations WHERE id = ?", (conv_id,)
             ).fetchone()
             if head is None:
                 raise KeyError(f"conversation {conv_id} not found")
@@ -432,37 +413,11 @@ class ConversationStore:
                 (conv_id,),
             ).fetchall()
         messages = [StoredMessage(i, role, content, _from_json(s)) for i, role, content, s in rows]
-        return Conversation(*head, messages=messages)
+        conv_id, title, model, system_prompt, created = head
+        return Conversation(conv_id, title, model, system_prompt, messages, created)
 
-    def export_markdown(self, conv_id: int) -> str:
-        """The conversation as Markdown: title, model, system prompt, then one section per message."""
-        conv = self.load(conv_id)
-        with self._read("load a conversation") as c:
-            (t,) = c.execute("SELECT created FROM conversations WHERE id = ?", (conv_id,)).fetchone()
-        created = time.localtime(t)
-        out = [f"# {' '.join(conv.title.split()) or 'Untitled'}", ""]
-        out += [f"- Model: `{conv.model}`", f"- Started: {time.strftime('%Y-%m-%d %H:%M', created)}", ""]
-        if conv.system_prompt.strip():
-            out += ["## System prompt", "", conv.system_prompt.strip(), ""]
-        def section(m: StoredMessage, level: str = "##") -> list[str]:
-            lines = [f"{level} {m.role.capitalize()}", "", m.content.strip(), ""]
-            if m.role == "assistant" and m.stats and (line := stats_line(m.stats)):
-                lines += [f"*{line}*", ""]
-            return lines
-
-        for m in conv.messages:
-            out += section(m)
-        # The other branches, each from where it leaves the one above: the tree, readable in order.
-        shown = [m.id for m in conv.messages]
-        for n, path in enumerate(self._other_branches(conv_id, set(shown)), start=1):
-            fork = next(i for i, m in enumerate(path) if i >= len(shown) or m.id != shown[i])
-            out += [f"## Branch {n}, from message {fork + 1}", ""]
-            for m in path[fork:]:
-                out += section(m, "###")
-        return "\n".join(out)
-
-    def _other_branches(self, conv_id: int, on_screen: set[int]) -> list[list[StoredMessage]]:
-        """Root-to-leaf paths of every branch but the one on screen, oldest leaf first."""
+    def other_branches(self, conv_id: int, on_screen: set[int]) -> list[list[StoredMessage]]:
+        """Root-to-leaf paths of every branch but the one on screen (`on_screen`: its ids), oldest leaf first."""
         with self._read("load a conversation") as c:
             rows = c.execute(
                 "SELECT id, role, content, stats, parent_id FROM messages WHERE conv_id = ? ORDER BY id", (conv_id,)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,57 +47,136 @@ class SamplingSettings:
     def validated(self) -> tuple[SamplingSettings, list[str]]:
         """Settings with absurd values replaced by usable ones, and one message per field replaced.
 
-        Each message names the field, the value given and the value used, e.g.
-        "top_p 7 is above 1; using 1.0".
+        What is absurd, and what replaces it, is `SAMPLER_SETTINGS`' declaration. Each message names the field,
+        the value given and the value used, e.g. "top_p 7 is above 1; using 1.0".
         """
-        defaults = SamplingSettings()
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        reasons: dict[str, list[str]] = {}
-
-        def fix(name: str, value: object, why: str) -> None:
-            values[name] = value
-            reasons.setdefault(name, []).append(why)
-
-        # Types first: settings may come from a config file or a text field.
-        for name, value in list(values.items()):
-            default = getattr(defaults, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                fix(name, default, "is not a number")
-            elif math.isinf(value):
-                fix(name, default, "is infinite")
-            elif isinstance(default, int) and value != int(value):
-                fix(name, int(value), "is not a whole number")
-            elif isinstance(default, int):
-                values[name] = int(value)  # 40.0 -> 40, nothing to report
-
-        v = values
-        if v["temperature"] < 0:
-            fix("temperature", 0.0, "is negative (0 means greedy)")
-        if v["top_k"] < 0:
-            fix("top_k", 0, "is negative (0 disables top-k)")
-        if v["top_p"] > 1:
-            fix("top_p", 1.0, "is above 1")
-        elif v["top_p"] < 0:
-            fix("top_p", 0.0, "is negative")
-        if v["min_p"] > 1:
-            fix("min_p", 1.0, "is above 1")
-        elif v["min_p"] < 0:
-            fix("min_p", 0.0, "is negative")
-        if v["repeat_penalty"] <= 0:
-            fix("repeat_penalty", 1.0, "is not positive (1.0 disables it)")
-        if v["repeat_last_n"] < -1:
-            fix("repeat_last_n", 0, "is below -1 (0 disables penalties, -1 looks at all recent tokens)")
-        if v["seed"] < -1:
-            fix("seed", -1, "is below -1 (-1 picks a fresh seed)")
-        if v["max_tokens"] == 0:
-            fix("max_tokens", defaults.max_tokens, "would generate nothing")
-        elif v["max_tokens"] < -1:
-            fix("max_tokens", -1, "is below -1 (-1 means until the context is full)")
-        messages = [
-            f"{name} {getattr(self, name)!r} {' and '.join(why)}; using {values[name]!r}"
-            for name, why in reasons.items()
-        ]
+        values: dict[str, object] = {}
+        messages = []
+        for setting in SAMPLER_SETTINGS:
+            given = getattr(self, setting.name)
+            used, why = setting.repaired(given)
+            values[setting.name] = used
+            if why:
+                messages.append(f"{setting.name} {given!r} {why}; using {used!r}")
         return replace(self, **values), messages
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class SamplerSetting:
+    """One field of `SamplingSettings`: its type, the values it takes and what they mean.
+
+    The one declaration that the config's checks, the command-line flags, the sampling panel and `validated`
+    all read, so a value means the same everywhere. Ordinary values lie between `low` and `high`; `special`
+    values have a meaning of their own (inside the range, like 0 = off, or below it, like -1 = random).
+    """
+
+    name: str
+    kind: type  # int or float
+    low: float | None  # the smallest ordinary value; None: no bound
+    high: float | None = None  # the largest; None: no bound
+    help: str = ""  # one or two sentences for the user
+    special: tuple[tuple[float, str], ...] = ()  # (value, meaning), e.g. ((-1, "random"),)
+    low_open: bool = False  # `low` itself is not accepted ("> 0")
+    if_too_low: float | None = None  # what replaces a value below every accepted one; None: `low`
+
+    @property
+    def default(self) -> float:
+        return getattr(SamplingSettings(), self.name)
+
+    def accepts(self, value: float) -> bool:
+        """True for a value of this setting that needs no repair."""
+        if any(value == v for v, _ in self.special):
+            return True
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value <= self.high
+
+    @property
+    def expected(self) -> str:
+        """The accepted values in words: "≥ -1 (-1 = random)", "between 0 and 1"."""
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            text = f"between {_num(lo)} and {_num(hi)}"
+        elif lo is not None:
+            text = f"{'>' if self.low_open else '≥'} {_num(lo)}"
+        else:
+            text = f"≤ {_num(hi)}" if hi is not None else ""
+        outside = [v for v, _ in self.special if not (lo is None or v >= lo)]
+        text += "".join(f", or {_num(v)}" for v in outside)
+        if self.special:
+            text += " (" + ", ".join(f"{_num(v)} = {meaning}" for v, meaning in self.special) + ")"
+        return text.strip()
+
+    def repaired(self, value: object) -> tuple[float, str]:
+        """`value` if accepted, else the value to use instead and why (for `validated`)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            return self.default, "is not a number"
+        if math.isinf(value):
+            return self.default, "is infinite"
+        why = ""
+        if self.kind is int and value != int(value):
+            value, why = int(value), "is not a whole number"
+        value = self.kind(value)
+        if self.accepts(value):
+            return value, why
+        meanings = f" ({', '.join(f'{_num(v)} = {m}' for v, m in self.special)})" if self.special else ""
+        if self.high is not None and value > self.high:
+            return self.kind(self.high), f"is above {_num(self.high)}"
+        lowest = min([v for v, _ in self.special] + ([self.low] if self.low is not None else []))
+        if value > lowest:  # between a special value below the range and the range: nothing it could mean
+            return self.default, f"is not {self.expected}"
+        used = self.low if self.if_too_low is None else self.if_too_low
+        bound = "is not above" if self.low_open else "is below"
+        return self.kind(used), f"{bound} {_num(lowest if not self.low_open else self.low)}{meanings}"
+
+
+SAMPLER_SETTINGS: tuple[SamplerSetting, ...] = (
+    SamplerSetting(
+        "temperature", float, 0.0, special=((0.0, "greedy"),),
+        help="Randomness. 0 is greedy (always the most likely token).",
+    ),
+    SamplerSetting(
+        "top_k", int, 0, special=((0, "off"),),
+        help="Sample only among the k most likely tokens. 0 disables.",
+    ),
+    SamplerSetting(
+        "top_p", float, 0.0, 1.0,
+        help="Keep the most likely tokens whose probabilities add up to p. 1.0 disables.",
+    ),
+    SamplerSetting(
+        "min_p", float, 0.0, 1.0,
+        help="Drop tokens less likely than min-p × the top token's probability. 0 disables.",
+    ),
+    SamplerSetting(
+        "repeat_penalty", float, 0.0, low_open=True, special=((1.0, "off"),), if_too_low=1.0,
+        help="Make tokens seen in the penalty window less likely (their logits divided by it). 1.0 disables.",
+    ),
+    SamplerSetting(
+        "presence_penalty", float, None,
+        help="Subtracted from the logit of every token seen in the penalty window. 0 disables.",
+    ),
+    SamplerSetting(
+        "frequency_penalty", float, None,
+        help="Subtracted once for each time a token was seen in the penalty window. 0 disables.",
+    ),
+    SamplerSetting(
+        "repeat_last_n", int, 0, special=((-1, "whole context"), (0, "off")),
+        help="How many recent tokens the three penalties look at. 0 turns them off; -1: the whole context.",
+    ),
+    SamplerSetting(
+        "seed", int, 0, special=((-1, "random"),), if_too_low=-1,
+        help="A fixed seed makes replies reproducible; -1 is random (a new seed each turn).",
+    ),
+    SamplerSetting(
+        "max_tokens", int, 1, special=((-1, "unlimited"),), if_too_low=-1,
+        help="Reply length limit; -1 is unlimited (until the context is full).",
+    ),
+)  # fmt: skip
+SAMPLER_SETTINGS_BY_NAME = {s.name: s for s in SAMPLER_SETTINGS}
 
 
 @dataclass(frozen=True)

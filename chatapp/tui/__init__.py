@@ -1,1 +1,1 @@
-"""The Textual front end; `chatapp.tui.app.run_app` starts it. Reaches the engine only via ChatBackend."""
+"""The Textual front end; `chatapp.tui.launch.run_app` starts it. Reaches the engine only via ChatBackend."""

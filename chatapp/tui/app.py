@@ -1,7 +1,9 @@
-"""The chat app: wires the widgets, the conversation state, the store and the one inference worker.
+"""The chat app: composition, key bindings, and routing between the widgets and the chat service.
 
-The App holds the state and reacts to messages; rendering lives in `widgets/`, the chat as data in `state.py`,
-saving in `recorder.py`, and what the background threads do in `worker.py`. The engine is reached only through
+The conversation itself (sending, a reply's start and stop, saving, branches, export) lives in
+`chatapp.chat_service.ChatService`, which knows nothing of Textual. The App owns the one inference worker
+(`_generate`), turns the worker's messages into service calls, and shows the results; rendering lives in
+`widgets/`, the palette's commands in `commands.py`. The engine is reached only through
 `chatapp.backend.ChatBackend`.
 
 Sending while a reply is being generated is refused with a notice, and the text stays in the box (Esc stops
@@ -10,9 +12,7 @@ the reply; then Enter sends). Queueing was the alternative; refusing keeps one o
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +27,13 @@ from textual.worker import Worker, WorkerState
 
 from chatapp.attachments import AttachmentError, expand_read_command, read_attachment
 from chatapp.backend import ChatBackend
+from chatapp.chat_service import ActiveReply, ChatService, Refused
+from chatapp.chat_state import ChatState, Turn, code_blocks
+from chatapp.errors import describe_error
 from chatapp.model_choices import ModelChoice
-from chatapp.store import suggest_title
-from chatapp.tui.messages import (
-    ModelFailed,
-    ModelLoading,
-    ModelReady,
-    ReplyFailed,
-    ReplyFinished,
-    TokenReceived,
-)
-from chatapp.tui.recorder import Recorder, write_export
-from chatapp.tui.state import ChatState, LiveMetrics, Turn, code_blocks, stats_from_dict, to_markdown
+from chatapp.recorder import Recorder
+from chatapp.tui.commands import chat_commands
+from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
 from chatapp.tui.widgets.attach import AttachScreen
 from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog, UserMessage
 from chatapp.tui.widgets.conversations import ConversationsScreen
@@ -48,23 +43,8 @@ from chatapp.tui.widgets.prompt_input import PromptInput
 from chatapp.tui.widgets.sampling_panel import SamplingPanel
 from chatapp.tui.widgets.status_bar import StatusBar
 from chatapp.tui.widgets.system_prompt import SystemPromptScreen
-from chatapp.tui.worker import BackendFactory, describe_error, load_backend, stream_turn
-from engine.events import Message
+from chatapp.tui.worker import BackendFactory, load_backend, stream_turn
 from engine.sampling import SamplingSettings
-
-
-@dataclass
-class ActiveReply:
-    """The reply being generated. Outlives its widget if the user leaves the chat: it is still saved."""
-
-    turn: int  # matches the worker's messages to this reply
-    reply: Turn
-    conv_id: int | None
-    widget: AssistantMessage | None  # None once the chat on screen is another one
-    metrics: LiveMetrics
-    stop: threading.Event = field(default_factory=threading.Event)  # set when the user asked to stop
-    told_next_reply: bool = False  # remote: the user was told a settings change waits for the next reply
-
 
 CHAT_ACTIONS = frozenset(
     {"stop", "cancel_edit", "new_chat", "regenerate", "edit_last", "copy_reply", "toggle_sampling"}
@@ -98,7 +78,7 @@ class ChatApp(App[None]):
     generating: reactive[bool] = reactive(False, init=False)
     """A reply is in flight: the worker owns the backend until its final message arrives."""
     editing: reactive[bool] = reactive(False, init=False)
-    """The input holds the last user message for editing; sending replaces it and what followed."""
+    """The input holds a user message for editing; sending replaces it and what followed, on a new branch."""
 
     def __init__(
         self,
@@ -116,30 +96,31 @@ class ChatApp(App[None]):
         factory_for_model: Callable[[str], BackendFactory] | None = None,
     ) -> None:
         super().__init__()
+        self.backend_factory = backend_factory
         self.model_choices = model_choices
         """What the model picker lists; None: no picker (a remote server, or a test's fixed backend)."""
         self.factory_for_model = factory_for_model
         """factory_for_model(spec): a backend factory that loads that model instead."""
-        self._switching: str | None = None  # the model being loaded in place of the current one
+        self.service = ChatService(
+            Recorder(store, self._report_store_problem),
+            model_name=model_name,
+            settings=settings,
+            system_prompt=system_prompt,
+        )
+        """The conversation: every change to the chat goes through it."""
+        self.export_dir = export_dir or Path.cwd()
         self._chosen_theme = theme
         self._save_theme = save_theme
         """Called with a theme's name when the user picks one (not for the one the app starts with)."""
-        self.backend_factory = backend_factory
-        self.backend: ChatBackend | None = None
-        """Set when the model has loaded (ModelReady); None while loading or after a failed load."""
-        self.model_name = model_name
-        self.settings = settings
-        """The sampling settings the user chose (pushed to the backend as soon as there is one)."""
-        self.default_system_prompt = system_prompt
-        self.state = ChatState(model=model_name, system_prompt=system_prompt)
-        self.recorder = Recorder(store, self._report_store_problem)
-        self.export_dir = export_dir or Path.cwd()
         self._store_warning = store_warning
-        self._load_error: str | None = None
-        self._active: ActiveReply | None = None
-        self._turn = 0
+        self._reply_widget: AssistantMessage | None = None  # the reply in flight, while it is on screen
         self._editing_index: int | None = None
-        self._shown_warnings: set[str] = set()
+
+    # The service's state, read by the widgets' routing below (and by tests).
+    state = property(lambda self: self.service.state)
+    backend = property(lambda self: self.service.backend)
+    model_name = property(lambda self: self.service.model_name)
+    settings = property(lambda self: self.service.settings, lambda self, v: setattr(self.service, "settings", v))
 
     # ---- layout ---------------------------------------------------------------------------------------
 
@@ -153,21 +134,10 @@ class ChatApp(App[None]):
         yield StatusBar(self.model_name, id="status")
         yield Footer()
 
-    @property
-    def chat_log(self) -> ChatLog:
-        return self.query_one(ChatLog)
-
-    @property
-    def prompt(self) -> PromptInput:
-        return self.query_one(PromptInput)
-
-    @property
-    def status(self) -> StatusBar:
-        return self.query_one(StatusBar)
-
-    @property
-    def panel(self) -> SamplingPanel:
-        return self.query_one(SamplingPanel)
+    chat_log = property(lambda self: self.query_one(ChatLog))
+    prompt = property(lambda self: self.query_one(PromptInput))
+    status = property(lambda self: self.query_one(StatusBar))
+    panel = property(lambda self: self.query_one(SamplingPanel))
 
     def on_mount(self) -> None:
         if self._chosen_theme and self._chosen_theme in self.available_themes:
@@ -184,9 +154,9 @@ class ChatApp(App[None]):
         self.prompt.focus()
         if self._store_warning:
             self.notify(self._store_warning, title="Saved chats", severity="warning", timeout=10)
-        if not self.recorder.enabled:
+        if not self.service.recorder.enabled:
             self.notify("History is off: this chat will not be saved.", timeout=4)
-        self._load_model()
+        self._load_model(self.backend_factory)
 
     def _theme_picked(self, theme: Any) -> None:
         if self._save_theme is None or theme.name == self._chosen_theme:  # the one it started in, or saved
@@ -202,31 +172,23 @@ class ChatApp(App[None]):
         self.screen_stack[0].set_class(event.size.width < 100, "-narrow")
 
     def on_unmount(self) -> None:
-        """Quitting mid-reply: stop the engine, or the process would wait for the reply's last token; and save
-        the reply as far as it was shown (progress saves lag by up to the recorder's interval)."""
-        active = self._active
-        if active is None:
-            return
-        active.stop.set()
-        if self.backend is not None:
-            try:
-                self.backend.cancel()
-            except Exception:
-                pass  # leaving anyway
-        self.recorder.reply_done(active.conv_id, active.reply)
+        self.service.shutdown()
 
     def _show_banner(self, state: str, detail: str = "") -> None:
         self.chat_log.banner.show(state, self.model_name, detail)
 
+    def _refuse(self, refusal: Refused) -> None:
+        self.notify(str(refusal), severity=refusal.severity)  # type: ignore[arg-type]
+
     # ---- the model ------------------------------------------------------------------------------------
 
     @work(thread=True, group="load", exit_on_error=False)
-    def _load_model(self) -> None:
-        load_backend(self.backend_factory, self.post_message)
+    def _load_model(self, factory: BackendFactory) -> None:
+        load_backend(factory, self.post_message)
 
     def on_model_loading(self, message: ModelLoading) -> None:
-        if self._switching is not None:  # the current model stays in use meanwhile: the status line only
-            self.status.set_state("loading", f"{self._switching}: {message.text}")
+        if self.service.switching is not None:  # the current model stays in use meanwhile: the status line only
+            self.status.set_state("loading", f"{self.service.switching}: {message.text}")
             return
         self.status.set_state("loading", message.text)
         self._show_banner("loading", message.text)
@@ -234,31 +196,24 @@ class ChatApp(App[None]):
     def action_switch_model(self) -> None:
         if self.model_choices is None or self.factory_for_model is None:
             self.notify("Models cannot be switched here.", severity="warning")
-            return
-        if self.generating or self._switching is not None:
+        elif self.generating or self.service.switching is not None:
             self.notify("Wait for the reply (Esc stops it) or the load in progress.", severity="warning")
-            return
-        self.push_screen(ModelPickerScreen(self.model_choices(), current=self.model_name), self._switch_to)
+        else:
+            self.push_screen(ModelPickerScreen(self.model_choices(), current=self.model_name), self._switch_to)
 
     def _switch_to(self, spec: str | None) -> None:
         if spec is None or self.factory_for_model is None:
             return
-        self._switching = spec
+        try:
+            self.service.begin_switch(spec)
+        except Refused as refusal:
+            return self._refuse(refusal)
         self.status.set_state("loading", f"{spec}…")
-        self._load_other_model(self.factory_for_model(spec))
-
-    @work(thread=True, group="load", exit_on_error=False)
-    def _load_other_model(self, factory: BackendFactory) -> None:
-        load_backend(factory, self.post_message)
+        self._load_model(self.factory_for_model(spec))
 
     def on_model_ready(self, message: ModelReady) -> None:
-        switched, self._switching = self._switching, None
-        if switched is not None:
-            self._shown_warnings.clear()  # the new model's warnings are news
-        backend = self.backend = message.backend
-        self.model_name = getattr(backend, "model_name", "") or self.model_name
-        if not self.state.turns:  # the chat on screen was begun before the name was known (a remote server's)
-            self.state.model = self.model_name
+        switched = self.service.model_ready(message.backend)
+        backend = message.backend
         self.status.model_name = self.model_name
         self.status.n_ctx = backend.n_ctx
         self.panel.set_max_tokens_cap(backend.n_ctx or None)
@@ -266,134 +221,83 @@ class ChatApp(App[None]):
         if remote is not None:
             self.status.remote = f"remote · {remote.server}"
             self.panel.set_remote(remote.server, remote.honoured, remote.ignored)
-        if backend.settings != self.settings:  # changed in the panel while loading
-            self._apply_settings(self.settings)
-        self.panel.settings = backend.settings
+        self._apply_settings(self.service.sync_settings)
         self.status.set_state("ready")
         self.status.show_stats(None)
         self._show_banner("ready")
         self._show_warnings()
         if switched is not None:
-            self.state.model = self.model_name
             self.notify(f"Now chatting with {self.model_name}; this chat carries over, and the next message "
                         "evaluates it on the new model.", title="Model")  # fmt: skip
 
     def on_model_failed(self, message: ModelFailed) -> None:
-        failed, self._switching = self._switching, None
-        if failed is not None and self.backend is not None:  # the old model is still there: keep it
+        failed = self.service.model_failed(message.error)
+        if failed is not None:  # the old model is still there: keep it
             self.status.set_state("ready")
             self.notify(f"{failed}: {message.error}. Still using {self.model_name}.",
                         title="Couldn't switch the model", severity="error", timeout=15)  # fmt: skip
             return
-        self._load_error = message.error
         self.status.set_state("failed", message.error)
         self._show_banner("failed", message.error)
         self.notify(message.error, title="Couldn't load the model", severity="error", timeout=15)
 
     def _show_warnings(self, extra: Iterable[str] = ()) -> None:
-        """Engine warnings as notifications, each shown once per session."""
-        found = list(extra)
-        if self.backend is not None:
-            try:
-                found += list(self.backend.warnings())
-            except Exception as exc:  # warnings are advisory; never fail over them
-                found.append(f"could not read the engine's warnings: {describe_error(exc)}")
-        for text in found:
-            if text not in self._shown_warnings:
-                self._shown_warnings.add(text)
-                self.notify(text, title="Engine", severity="warning", timeout=10)
-
-    def _ready_to_generate(self) -> bool:
-        """True if a reply may start now; otherwise tell the user why not."""
-        if self.backend is None:
-            if self._load_error is not None:
-                self.notify(f"No model: {self._load_error}", severity="error")
-            else:
-                self.notify("The model is still loading…", severity="warning")
-            return False
-        if self.generating:
-            self.notify("A reply is being generated: Esc stops it, then send again.", severity="warning")
-            return False
-        if self._switching is not None:
-            self.notify(f"Loading {self._switching}; send when it is ready.", severity="warning")
-            return False
-        return True
+        for text in self.service.new_warnings(extra):
+            self.notify(text, title="Engine", severity="warning", timeout=10)
 
     # ---- generating -----------------------------------------------------------------------------------
 
     @work(thread=True, exclusive=True, group="inference", exit_on_error=False)
-    def _generate(self, messages: Sequence[Message], turn: int, stop: threading.Event) -> None:
+    def _generate(self, backend: ChatBackend, active: ActiveReply) -> None:
         """The one inference worker: runs `backend.stream_reply`, posts messages, never touches widgets."""
-        assert self.backend is not None
-        stream_turn(self.backend, messages, turn, self.post_message, stop)
+        stream_turn(backend, active.messages, active.turn, self.post_message, active.stop)
 
-    async def _start_reply(self) -> None:
-        messages = self.state.backend_messages()
-        reply = Turn("assistant", "")
-        self.state.turns.append(reply)
-        widget = await self.chat_log.add_assistant(reply, self.model_name)
+    async def _start_reply(self, active: ActiveReply) -> None:
+        widget = self._reply_widget = await self.chat_log.add_assistant(active.reply, self.model_name)
         widget.start_stream()
-        self._turn += 1
-        self._active = ActiveReply(self._turn, reply, self.state.conv_id, widget, LiveMetrics())
         self.generating = True
-        self.status.show_live(self._active.metrics)
-        self._generate(messages, self._turn, self._active.stop)
-
-    def _current(self, turn: int) -> ActiveReply | None:
-        active = self._active
-        return active if active is not None and active.turn == turn else None
+        self.status.show_live(active.metrics)
+        assert self.backend is not None
+        self._generate(self.backend, active)
 
     async def on_token_received(self, message: TokenReceived) -> None:
-        active = self._current(message.turn)
-        if active is None:
-            return
-        event = message.event
-        active.reply.tokens.append(event)
-        active.reply.content += event.text
-        active.metrics.add(event, message.elapsed_ms)
-        self.recorder.reply_progress(active.conv_id, active.reply)
-        if active.widget is not None:
-            await active.widget.append(event.text)
+        active = self.service.token(message.turn, message.event, message.elapsed_ms)
+        if active is not None and active.shown and self._reply_widget is not None:
+            await self._reply_widget.append(message.event.text)
             self.chat_log.follow()
             self.status.show_live(active.metrics)
 
     async def on_reply_finished(self, message: ReplyFinished) -> None:
-        active = self._current(message.turn)
-        if active is None:
-            return
-        self._active = None
-        reply, stats = active.reply, message.stats
-        reply.stats = stats
-        if stats.reply:
-            reply.content = stats.reply
-        self.recorder.reply_done(active.conv_id, reply)
-        self._mark_branches()
-        if active.widget is not None:
-            await active.widget.finish()
-            self.chat_log.follow()
-            self.status.show_stats(stats)
-        self.generating = False
-        self._show_warnings(stats.warnings)
+        active = self.service.finished(message.turn, message.stats)
+        if active is not None:
+            await self._reply_ended(active)
+            if active.shown:
+                self.status.show_stats(message.stats)
+            self._show_warnings(message.stats.warnings)
 
     async def on_reply_failed(self, message: ReplyFailed) -> None:
-        active = self._current(message.turn)
-        if active is None:
-            return
-        self._active = None
-        active.reply.error = message.error
-        self.recorder.reply_done(active.conv_id, active.reply)
-        if active.widget is not None:
-            await active.widget.finish()
+        active = self.service.failed(message.turn, message.error)
+        if active is not None:
+            await self._reply_ended(active)
+            self.notify(message.error, title="Generation failed", severity="error", timeout=10)
+            self._show_warnings()
+
+    async def _reply_ended(self, active: ActiveReply) -> None:
+        widget, self._reply_widget = self._reply_widget, None
+        self._mark_branches()
+        if active.shown and widget is not None:
+            await widget.finish()
             self.chat_log.follow()
         self.generating = False
-        self.notify(message.error, title="Generation failed", severity="error", timeout=10)
-        self._show_warnings()
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that died outside our own error handling still ends the reply, as a failure."""
-        if event.state == WorkerState.ERROR and event.worker.group == "inference" and self._active:
-            await self.on_reply_failed(ReplyFailed(self._active.turn, describe_error(event.worker.error)))
-        elif event.state == WorkerState.ERROR and event.worker.group == "load":
+        if event.state != WorkerState.ERROR:
+            return
+        active = self.service.active
+        if event.worker.group == "inference" and active is not None:
+            await self.on_reply_failed(ReplyFailed(active.turn, describe_error(event.worker.error)))
+        elif event.worker.group == "load":
             self.on_model_failed(ModelFailed(describe_error(event.worker.error)))
 
     def watch_generating(self, generating: bool) -> None:
@@ -416,31 +320,22 @@ class ChatApp(App[None]):
         if expanded is not None:  # /read PATH: the file goes into the box, for the user to ask about
             self.prompt.set_text(expanded)
             return
-        text = event.text.strip()
-        if not self._ready_to_generate():
-            return  # the text stays in the box
-        if self._editing_index is not None:
-            index = self._editing_index
+        text, index = event.text.strip(), self._editing_index
+        try:
+            self.service.check_ready()
+        except Refused as refusal:
+            return self._refuse(refusal)  # the text stays in the box
+        if index is None:
+            turn = self.service.send(text)
+        else:
             self._end_edit()
-            await self._drop_turns_from(index)
+            doomed, turn = self.service.edit(index, text)
+            await self.chat_log.remove_turns(doomed)
         self.prompt.remember(text)
         self.prompt.clear()
-        turn = Turn("user", text)
-        self.state.turns.append(turn)
-        self.state.title = self.state.title or suggest_title(text)
-        self.recorder.add_user(self.state, turn)
         self.sub_title = self.state.title or "New chat"
         await self.chat_log.add_user(turn)
-        await self._start_reply()
-
-    async def _drop_turns_from(self, index: int) -> None:
-        """Take turns[index:] off the screen (regenerate, edit); in the store they stay, as another branch,
-        and what comes next starts a new one from the turn before."""
-        doomed = self.state.turns[index:]
-        keep = self.state.saved_id_before(index)
-        del self.state.turns[index:]
-        await self.chat_log.remove_turns(doomed)
-        self.recorder.branch_at(self.state.conv_id, keep)
+        await self._start_reply(self.service.start_reply())
 
     # ---- actions --------------------------------------------------------------------------------------
 
@@ -455,16 +350,11 @@ class ChatApp(App[None]):
 
     def action_stop(self) -> None:
         """Esc: ask the engine to stop after the current token; the partial reply stays."""
-        if self.backend is None or not self.generating:
-            return
-        if self._active is not None:
-            self._active.stop.set()
         try:
-            self.backend.cancel()
-        except Exception as exc:
-            self.notify(f"Couldn't stop the reply: {describe_error(exc)}", severity="error")
-            return
-        self.status.set_state("stopping")
+            if self.service.stop():
+                self.status.set_state("stopping")
+        except Refused as refusal:
+            self._refuse(refusal)
 
     def action_cancel_edit(self) -> None:
         self._end_edit()
@@ -493,87 +383,72 @@ class ChatApp(App[None]):
     async def action_regenerate(self) -> None:
         """A new reply to the focused message's question (else the last one); the old reply is kept as a
         branch."""
-        if not self._ready_to_generate():
-            return
         found = self._focused_turn("user")
-        if found is None:
-            self.notify("Nothing to regenerate yet.", severity="warning")
-            return
+        try:
+            if found is None:
+                self.service.check_ready()
+                raise Refused("Nothing to regenerate yet.")
+            doomed, active = self.service.regenerate(found[0])
+        except Refused as refusal:
+            return self._refuse(refusal)
         self._end_edit()
-        await self._drop_turns_from(found[0] + 1)
-        await self._start_reply()
+        await self.chat_log.remove_turns(doomed)
+        await self._start_reply(active)
 
     async def action_branch(self, step: int) -> None:
         """Show the focused message's previous (-1) or next (+1) version, and the branch that follows it."""
+        turn = getattr(self.focused, "turn", None)
         if self.generating:
-            self.notify("A reply is being generated: Esc stops it first.", severity="warning")
-            return
-        widget = self.focused
-        turn = getattr(widget, "turn", None)
-        if not isinstance(widget, (UserMessage, AssistantMessage)) or turn is None or self.state.conv_id is None:
-            self.notify("Focus a message (Tab) to move between its versions.", severity="warning")
-            return
-        versions = self.recorder.siblings(turn.msg_id)
-        if len(versions) < 2:
-            self.notify("This message has no other version.", severity="warning")
-            return
-        target = versions[(versions.index(turn.msg_id) + step) % len(versions)]
-        if self.recorder.switch_branch(self.state.conv_id, target):
-            await self._resume((self.state.conv_id, target))
+            return self.notify("A reply is being generated: Esc stops it first.", severity="warning")
+        if not isinstance(self.focused, (UserMessage, AssistantMessage)) or turn is None or not self.state.conv_id:
+            return self.notify("Focus a message (Tab) to move between its versions.", severity="warning")
+        try:
+            state = self.service.other_version(turn, step)
+        except Refused as refusal:
+            return self._refuse(refusal)
+        if state is not None:
+            await self._show_state(state)
 
     def _mark_branches(self) -> None:
         """Each message with other versions shows which one it is, ‹ 2/3 ›, on its border."""
-        for turn in self.state.turns:
-            widget = self.chat_log.widget_for(turn)
-            versions = self.recorder.siblings(turn.msg_id)
-            if widget is not None:
-                at = versions.index(turn.msg_id) + 1 if turn.msg_id in versions else 0
-                widget.border_subtitle = f"‹ {at}/{len(versions)} › ←→" if len(versions) > 1 else ""
+        for turn, mark in self.service.branch_marks():
+            if (widget := self.chat_log.widget_for(turn)) is not None:
+                widget.border_subtitle = f"{mark} ←→" if mark else ""
 
     def action_edit_last(self) -> None:
         """Edit the focused message (else the last one); sending it starts a branch, the old one is kept."""
         if self.generating:
-            self.notify("A reply is being generated: Esc stops it first.", severity="warning")
-            return
+            return self.notify("A reply is being generated: Esc stops it first.", severity="warning")
         found = self._focused_turn("user")
         if found is None:
-            self.notify("No message to edit yet.", severity="warning")
-            return
+            return self.notify("No message to edit yet.", severity="warning")
         self._end_edit()
-        index, turn = found
-        self._editing_index = index
+        self._editing_index, turn = found
         self.editing = True
-        widget = self.chat_log.widget_for(turn)
-        if widget is not None:
+        if (widget := self.chat_log.widget_for(turn)) is not None:
             widget.add_class("-editing")
             widget.scroll_visible()
         self.prompt.set_text(turn.content)
         self.prompt.focus()
 
-    async def _leave_chat(self) -> None:
-        """Before another chat is shown: stop the reply in flight (it is still saved) and any edit."""
-        if self._active is not None and self._active.widget is not None:
-            self._active.stop.set()
-            if self.backend is not None:
-                try:
-                    self.backend.cancel()
-                except Exception:
-                    pass  # its final message is ignored on screen either way
-            await self._active.widget.stop_stream()
-            self._active.widget = None
+    async def _show_state(self, state: ChatState, found: int | None = None) -> None:
+        """Put the service's chat on screen; `found`: the id of a message to focus."""
+        if self._reply_widget is not None:  # the reply in flight goes on, unseen, and is still saved
+            widget, self._reply_widget = self._reply_widget, None
+            await widget.stop_stream()
         self._end_edit()
-
-    async def _show_state(self, state: ChatState) -> None:
-        await self._leave_chat()
-        self.state = state
         await self.chat_log.show_chat(state, self.model_name)
         self.sub_title = state.title or "New chat"
-        last = next((t.stats for t in reversed(state.turns) if t.stats is not None), None)
-        self.status.show_stats(last)
+        self.status.show_stats(self.service.last_stats())
         self.prompt.focus()
+        self._mark_branches()
+        turn = next((t for t in state.turns if found is not None and t.msg_id == found), None)
+        if turn is not None and (widget := self.chat_log.widget_for(turn)) is not None:
+            self.chat_log.reveal(widget)
+            widget.focus(scroll_visible=False)  # the found message, ready to read; Tab moves on
 
     async def action_new_chat(self) -> None:
-        await self._show_state(ChatState(model=self.model_name, system_prompt=self.default_system_prompt))
+        await self._show_state(self.service.new_chat())
         self.prompt.clear()
 
     def action_attach(self) -> None:
@@ -585,53 +460,31 @@ class ChatApp(App[None]):
         try:
             block = read_attachment(path)
         except AttachmentError as e:
-            self.notify(str(e), title="Attach", severity="error")
-            return
+            return self.notify(str(e), title="Attach", severity="error")
         draft = self.prompt.text.strip("\n")
         self.prompt.set_text(block + "\n\n" + (draft + "\n" if draft else ""))
         self.prompt.focus()
 
     def action_conversations(self) -> None:
-        if not self.recorder.enabled:
-            self.notify("History is off, so there are no saved chats.", severity="warning")
-            return
-        screen = ConversationsScreen(
-            self.recorder.conversations(), current=self.state.conv_id, search=self.recorder.search
-        )
+        recorder = self.service.recorder
+        if not recorder.enabled:
+            return self.notify("History is off, so there are no saved chats.", severity="warning")
+        screen = ConversationsScreen(recorder.conversations(), current=self.state.conv_id, search=recorder.search)
         self.push_screen(screen, self._resume)
 
     async def _resume(self, choice: tuple[int, int | None] | None) -> None:
-        if choice is None:
+        state = self.service.resume(choice[0]) if choice is not None else None
+        if state is None:
             return
-        conv_id, msg_id = choice
-        conv = self.recorder.load(conv_id)
-        if conv is None:
-            return
-        state = ChatState(conv_id=conv.id, title=conv.title, model=conv.model, system_prompt=conv.system_prompt)
-        for m in conv.messages:
-            if m.role == "system":  # a system message stored as a message: treat as the prompt
-                state.system_prompt = state.system_prompt or m.content
-                continue
-            stats, tokens, error = stats_from_dict(m.stats)
-            state.turns.append(Turn(m.role, m.content, m.id, stats, tokens, error))
-        await self._show_state(state)
-        self._mark_branches()
+        await self._show_state(state, found=choice[1])
         for turn in state.turns:
             if turn.role == "user":
                 self.prompt.remember(turn.content)
-        if conv.model != self.model_name:
-            self.notify(f"This chat was saved with {conv.model}; replies now come from {self.model_name}.")
-        found = next((t for t in state.turns if msg_id is not None and t.msg_id == msg_id), None)
-        if found is not None and (widget := self.chat_log.widget_for(found)) is not None:
-            self.chat_log.reveal(widget)
-            widget.focus(scroll_visible=False)  # the found message, ready to read; Tab moves on
+        if state.model != self.model_name:
+            self.notify(f"This chat was saved with {state.model}; replies now come from {self.model_name}.")
 
     def on_conversations_screen_delete(self, message: ConversationsScreen.Delete) -> None:
-        self.recorder.delete(message.conv_id)
-        if message.conv_id == self.state.conv_id:
-            self.state.conv_id = None
-            for turn in self.state.turns:
-                turn.msg_id = None
+        self.service.delete(message.conv_id)
         self.notify("Chat deleted.")
 
     def on_conversations_screen_export(self, message: ConversationsScreen.Export) -> None:
@@ -639,13 +492,9 @@ class ChatApp(App[None]):
 
     def action_system_prompt(self) -> None:
         def done(text: str | None) -> None:
-            if text is None or text == self.state.system_prompt:
-                return
-            self.state.system_prompt = text
-            self.default_system_prompt = text
-            self.recorder.set_system_prompt(self.state.conv_id, text)
-            self.chat_log.set_system_prompt(text)
-            self.notify("System prompt set; it applies from the next reply." if text else "System prompt cleared.")
+            if text is not None and self.service.set_system_prompt(text):
+                self.chat_log.set_system_prompt(text)
+                self.notify("System prompt set; it applies from the next reply." if text else "System prompt cleared.")
 
         self.push_screen(SystemPromptScreen(self.state.system_prompt), done)
 
@@ -658,25 +507,18 @@ class ChatApp(App[None]):
             self.prompt.focus()
 
     def on_sampling_panel_changed(self, message: SamplingPanel.Changed) -> None:
-        self._apply_settings(message.settings)
+        self._apply_settings(lambda: self.service.apply_settings(message.settings))
 
-    def _apply_settings(self, settings: SamplingSettings) -> None:
-        """Hand new settings to the engine now (the next token uses them); show the values in force."""
-        self.settings = settings
-        if self.backend is not None and self.generating and getattr(self.backend, "remote", None) is not None:
-            # The request in flight carries its settings; a stream cannot be changed, so say when it applies.
-            if self._active is not None and not self._active.told_next_reply:
-                self._active.told_next_reply = True
-                self.notify("The server already has this reply's settings: the change applies from the next reply.")
-        if self.backend is not None:
-            try:
-                self.backend.settings = settings
-            except Exception as exc:
-                self.notify(f"Settings not applied: {describe_error(exc)}", severity="error")
-            self.settings = self.backend.settings
+    def _apply_settings(self, apply: Callable[[], str | None]) -> None:
+        """Run a settings change through the service; say what it says; show the values in force."""
+        try:
+            if note := apply():
+                self.notify(note)
+        except Refused as refusal:
+            self._refuse(refusal)
         self.panel.settings = self.settings
 
-    def _target_reply(self) -> Turn | None:
+    def target_reply(self) -> Turn | None:
         """The focused reply, else the last one."""
         if isinstance(self.focused, AssistantMessage):
             return self.focused.turn
@@ -684,10 +526,9 @@ class ChatApp(App[None]):
         return found[1] if found else None
 
     def action_inspect(self) -> None:
-        turn = self._target_reply()
+        turn = self.target_reply()
         if turn is None:
-            self.notify("No reply to inspect yet.", severity="warning")
-            return
+            return self.notify("No reply to inspect yet.", severity="warning")
         replies = [t for t in self.state.turns if t.role == "assistant"]
         number = next(i for i, t in enumerate(replies, 1) if t is turn)
         model = self.state.model or self.model_name
@@ -695,50 +536,36 @@ class ChatApp(App[None]):
         self.push_screen(InspectorScreen(turn, title=title))
 
     def action_copy_reply(self) -> None:
-        turn = self._target_reply()
+        turn = self.target_reply()
         if turn is None or not turn.content:
-            self.notify("No reply to copy yet.", severity="warning")
-            return
+            return self.notify("No reply to copy yet.", severity="warning")
         self.copy_to_clipboard(turn.content)
         self.notify(f"Copied the reply ({len(turn.content):,} characters).")
 
     def action_copy_code(self, number: int) -> None:
-        turn = self._target_reply()
+        turn = self.target_reply()
         blocks = code_blocks(turn.content) if turn else []
         if not 1 <= number <= len(blocks):
-            self.notify("That code block is not there.", severity="warning")
-            return
+            return self.notify("That code block is not there.", severity="warning")
         self.copy_to_clipboard(blocks[number - 1].code)
         self.notify(f"Copied code block {number} ({blocks[number - 1].label}).")
 
     def action_export(self, conv_id: int | None = None) -> None:
         """Write the chat as Markdown into `export_dir` and say where."""
-        conv_id = conv_id if conv_id is not None else self.state.conv_id
-        if conv_id is not None and self.recorder.enabled:
-            text = self.recorder.export_markdown(conv_id)
-            if text is None:
-                return  # the recorder reported why
-            title = text.splitlines()[0].lstrip("# ") if text else ""
-        elif self.state.turns:
-            text, title = to_markdown(self.state), self.state.title
-        else:
-            self.notify("Nothing to export yet.", severity="warning")
-            return
         try:
-            path = write_export(self.export_dir, conv_id, title, text)
-        except OSError as exc:
-            self.notify(f"Couldn't write the export: {exc.strerror or exc}", severity="error")
-            return
-        self.notify(f"Exported to {path}", title="Export", timeout=10)
+            path = self.service.export(self.export_dir, conv_id)
+        except Refused as refusal:
+            return self._refuse(refusal)
+        if path is not None:
+            self.notify(f"Exported to {path}", title="Export", timeout=10)
 
     def action_scroll_chat(self, pages: int) -> None:
         """Page through the chat while the message box keeps the focus."""
-        log = self.chat_log
         if pages < 0:
-            log.release_anchor()
-            log.scroll_page_up(animate=False)
+            self.chat_log.release_anchor()
+            self.chat_log.scroll_page_up(animate=False)
         else:
-            log.scroll_page_down(animate=False)
+            self.chat_log.scroll_page_down(animate=False)
 
     def action_toggle_keys(self) -> None:
         if self.screen.query("KeyPanel"):
@@ -749,76 +576,7 @@ class ChatApp(App[None]):
     def _report_store_problem(self, text: str) -> None:
         self.notify(text, title="Saved chats", severity="error", timeout=10)
 
-    # ---- command palette ------------------------------------------------------------------------------
-
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("New chat", "Start an empty conversation (ctrl+n)", self.action_new_chat)
-        yield SystemCommand("Stop generating", "Stop the reply in progress; keep what came (Esc)", self.action_stop)
-        yield SystemCommand(
-            "Regenerate reply", "Replace the last reply with a new one (ctrl+r)", self.action_regenerate
-        )
-        yield SystemCommand(
-            "Edit last message", "Change your last message and resend it (ctrl+g)", self.action_edit_last
-        )
-        yield SystemCommand("Copy reply", "Copy the selected or last reply (ctrl+o)", self.action_copy_reply)
-        turn = self._target_reply()
-        for n, block in enumerate(code_blocks(turn.content) if turn else [], 1):
-            yield SystemCommand(f"Copy code block {n}", f"{block.label}, from the last reply", self._copier(n))
-        yield SystemCommand("Sampling settings", "Show or hide the sampling panel (F2)", self.action_toggle_sampling)
-        yield SystemCommand("Inspect reply", "Tokens, probabilities and timings of a reply (F3)", self.action_inspect)
-        yield SystemCommand(
-            "Saved chats", "List, resume, export or delete saved chats (ctrl+l)", self.action_conversations
-        )
-        yield SystemCommand("System prompt", "Edit the system prompt (ctrl+t)", self.action_system_prompt)
-        yield SystemCommand("Switch model", "Load another model; the chat carries over (F10)", self.action_switch_model)
-        yield SystemCommand("Attach a file", "Put a text file into the message (F9, or /read PATH)", self.action_attach)
-        yield SystemCommand("Export chat as Markdown", f"Write it into {self.export_dir} (F8)", self.action_export)
+        yield from chat_commands(self)
 
-    def _copier(self, n: int) -> Callable[[], None]:
-        return lambda: self.action_copy_code(n)
-
-
-def run_app(
-    backend_factory: Callable[[Callable[[str], None]], ChatBackend],
-    *,
-    model_name: str,
-    settings: SamplingSettings,
-    system_prompt: str,
-    store_path: Path | None,
-    theme: str | None = None,
-    model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
-    factory_for_model: Callable[[str], BackendFactory] | None = None,
-) -> None:
-    """Run the chat UI. `backend_factory(progress)` loads the model in a worker thread, reporting progress
-    lines through `progress`; `store_path=None` turns history off; the model picker offers `model_choices()`
-    and loads one with `factory_for_model(spec)`."""
-    from chatapp import paths
-    from chatapp.settings import save_user_setting
-
-    store, warning = None, None
-    if store_path is not None:
-        try:
-            from chatapp.store import ConversationStore
-
-            store, warning = ConversationStore.open(store_path, fallback_new=True)
-        except Exception as exc:  # history is a convenience; the chat works without it
-            warning = f"History is off: {describe_error(exc)}"
-    app = ChatApp(
-        backend_factory,
-        model_name=model_name,
-        settings=settings,
-        system_prompt=system_prompt,
-        store=store,
-        store_warning=warning,
-        export_dir=paths.user_data_dir() / "exports",
-        theme=theme,
-        save_theme=lambda name: save_user_setting("theme", name),
-        model_choices=model_choices,
-        factory_for_model=factory_for_model,
-    )
-    try:
-        app.run()
-    finally:
-        if store is not None:
-            store.close()

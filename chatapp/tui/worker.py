@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from textual.message import Message as UIMessage
 
 from chatapp.backend import ChatBackend
+from chatapp.chat_service import ReplyError, generate_reply
+from chatapp.errors import describe_error
 from chatapp.tui.messages import (
     ModelFailed,
     ModelLoading,
@@ -21,19 +23,10 @@ from chatapp.tui.messages import (
     ReplyFinished,
     TokenReceived,
 )
-from engine.errors import EngineError
-from engine.events import Message, TokenEvent, TurnStats
+from engine.events import Message
 
 Post = Callable[[UIMessage], object]
 BackendFactory = Callable[[Callable[[str], None]], ChatBackend]
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for the user. Engine errors already name the thing at fault; others get their type."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if isinstance(exc, EngineError) and text:
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def stream_turn(
@@ -44,27 +37,15 @@ def stream_turn(
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> None:
-    """Generate one reply, posting TokenReceived per token and exactly one ReplyFinished or ReplyFailed.
-
-    The UI calls `backend.cancel()` itself and sets `stop`; should that cancel have landed before
-    `stream_reply` started (and been forgotten by it), the next token repeats it from here.
-    """
-    start = clock()
-    repeated = False
+    """Generate one reply, posting TokenReceived per token and exactly one ReplyFinished or ReplyFailed."""
     try:
-        for event in backend.stream_reply(messages):
-            if isinstance(event, TokenEvent):
-                post(TokenReceived(turn, event, (clock() - start) * 1000.0))
-                if stop is not None and stop.is_set() and not repeated:
-                    repeated = True
-                    backend.cancel()
-            elif isinstance(event, TurnStats):
-                post(ReplyFinished(turn, event))
-                return
-    except Exception as exc:  # any engine failure becomes a message, never a traceback
-        post(ReplyFailed(turn, describe_error(exc)))
-        return
-    post(ReplyFailed(turn, "the engine ended the reply without its statistics"))
+        stats = generate_reply(
+            backend, messages, lambda event, ms: post(TokenReceived(turn, event, ms)), stop, clock
+        )
+    except ReplyError as exc:
+        post(ReplyFailed(turn, str(exc)))
+    else:
+        post(ReplyFinished(turn, stats))
 
 
 def load_backend(factory: BackendFactory, post: Post) -> None:

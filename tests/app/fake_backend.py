@@ -245,7 +245,7 @@ def _demo() -> None:
     import argparse
     import tempfile
 
-    from chatapp.tui.app import run_app
+    from chatapp.tui.launch import run_app
 
     parser = argparse.ArgumentParser(description="Run the chat app against the fake backend.")
     parser.add_argument("--slow", action="store_true", help="load slowly and stream at ~12 tokens/s")

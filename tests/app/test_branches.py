@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from chatapp.export import stored_transcript
 from chatapp.store import ConversationStore
 from chatapp.tui.widgets.chat_log import AssistantMessage, UserMessage
 from engine.chat import ChatSession, common_prefix
@@ -43,7 +44,7 @@ def test_the_store_keeps_a_tree_and_shows_one_branch(store: ConversationStore) -
     store.switch_branch(conv, a1)
     assert contents(store, conv) == ["Q", "A1"]
 
-    text = store.export_markdown(conv)
+    text = stored_transcript(store, conv)
     assert text.index("A1") < text.index("## Branch 1, from message 2") < text.index("A2")
     assert "## Branch 2, from message 1" in text and "Q2" in text and "B" in text.split("## Branch 2")[1]
 

@@ -10,6 +10,7 @@ import pytest
 
 from chatapp import catalog, paths
 from chatapp.catalog import ModelCorrupt, ModelNotFound, resolve_model
+from chatapp.pull import ensure_model
 from chatapp.settings import ConfigError
 from tests.conftest import QWEN, SMOLLM2
 
@@ -258,7 +259,7 @@ def test_ensure_model_pulls_a_missing_model_once(fake_model, tmp_path: Path, has
     models_dir = tmp_path / "models"
     events = []
 
-    path = catalog.ensure_model(
+    path = ensure_model(
         model.entry.name,
         lambda *e: events.append(e),
         catalog=cat,
@@ -272,7 +273,7 @@ def test_ensure_model_pulls_a_missing_model_once(fake_model, tmp_path: Path, has
         raise AssertionError("already present")
 
     assert (
-        catalog.ensure_model(model.entry.name, catalog=cat, models_dir=models_dir, fetcher=no_fetch) == path
+        ensure_model(model.entry.name, catalog=cat, models_dir=models_dir, fetcher=no_fetch) == path
     )
     assert hash_count == []  # pull recorded the hash it had just checked
 
@@ -284,7 +285,7 @@ def test_ensure_model_replaces_a_damaged_file(installed, fake_model):
     path.write_bytes(b"\0" * len(good))
     fetcher = fake_model([good], name=entry.name).fetcher
 
-    assert catalog.ensure_model(entry.name, catalog=cat, models_dir=models_dir, fetcher=fetcher) == path
+    assert ensure_model(entry.name, catalog=cat, models_dir=models_dir, fetcher=fetcher) == path
     assert path.read_bytes() == good
 
 
@@ -293,7 +294,7 @@ def test_ensure_model_does_not_pull_unknown_names(tmp_path: Path):
         raise AssertionError("nothing to pull")
 
     with pytest.raises(ModelNotFound, match="no model 'mystery'"):
-        catalog.ensure_model("mystery", catalog={}, models_dir=tmp_path, fetcher=no_fetch)
+        ensure_model("mystery", catalog={}, models_dir=tmp_path, fetcher=no_fetch)
 
 
 def test_list_models_shows_catalog_models_then_dropped_files(installed, fake_model):

@@ -17,8 +17,8 @@ import pytest
 
 from chatapp import cli
 from chatapp.bench import run_bench
+from chatapp.chat_state import stats_line
 from chatapp.settings import ConfigError, load_settings
-from chatapp.tui.state import stats_line
 from engine import SettingsError, load_model
 from engine import loader as engine_loader
 from engine.chat import ChatSession

@@ -72,7 +72,7 @@ async def test_a_model_that_fails_to_load_leaves_the_old_one_in_place() -> None:
     async with app.run_test(size=(100, 40)) as pilot:
         await ready(pilot)
         await pick(pilot, "broken-model")
-        await wait_for(pilot, lambda: app._switching is None, what="the failed load")
+        await wait_for(pilot, lambda: app.service.switching is None, what="the failed load")
         assert app.backend is first and app.model_name == "first-model"
         assert any("tensor blk.0.attn_q.weight: missing" in n and "Still using first-model" in n for n in app.notices)
         await send(pilot, "Are you there?")

@@ -344,8 +344,8 @@ async def test_tui_streams_shows_the_server_and_survives_failures(fake, tmp_path
     app = remote_app(fake.url, tmp_path, store)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.backend is not None or app._load_error, timeout=30)
-            assert app.backend is not None, app._load_error
+            await wait_for(pilot, lambda: app.backend is not None or app.service.load_error, timeout=30)
+            assert app.backend is not None, app.service.load_error
             assert "remote · llama.cpp" in status_text(app) and "fake-a @ 127.0.0.1:" in status_text(app)
             assert text_of(app.query_one("#knob-top_k", KnobRow).query_one(".knob-name")) == "Top-k ✓"
             assert "applies from the next reply" in text_of(app.query_one("#knob-server"))
@@ -398,8 +398,8 @@ async def test_tui_load_failure_is_one_line(tmp_path):
 
     app = remote_app("http://127.0.0.1:9/v1", tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app._load_error is not None, timeout=30)
-        assert app._load_error.startswith("cannot reach the server at 127.0.0.1:9: connection refused")
+        await wait_for(pilot, lambda: app.service.load_error is not None, timeout=30)
+        assert app.service.load_error.startswith("cannot reach the server at 127.0.0.1:9: connection refused")
 
 
 def test_the_remote_side_needs_none_of_the_engine_s_compute():

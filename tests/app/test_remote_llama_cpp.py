@@ -162,8 +162,8 @@ async def test_tui_on_llama_cpp_python(server: LlamaServer, tmp_path: Path, monk
     host = server.url.removeprefix("http://")
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.backend is not None or app._load_error, timeout=60)
-            assert app.backend is not None, app._load_error
+            await wait_for(pilot, lambda: app.backend is not None or app.service.load_error, timeout=60)
+            assert app.backend is not None, app.service.load_error
             assert "remote · llama-cpp-python" in status_text(app) and f"smollm2 @ {host}" in status_text(app)
 
             await send(pilot, QUESTION, wait=False)

@@ -134,7 +134,7 @@ def test_unknown_sampling_key(user_config: Path):
             "[sampling]\nmax_tokens = 0",
             2,
             "sampling.max_tokens",
-            "expected an integer ≥ 1, or -1 for no limit",
+            "expected an integer ≥ 1, or -1 (-1 = unlimited)",
         ),
         ("sampling = 3", 1, "sampling", "expected a table of sampling settings, got 3"),
     ],

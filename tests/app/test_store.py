@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from chatapp.chat_state import stats_line
+from chatapp.export import stored_transcript
 from chatapp.store import (
     SCHEMA_VERSION,
     Conversation,
@@ -185,7 +187,7 @@ def test_export_markdown(tmp_path):
         store.update_message(a, "Paris.\n", stats_to_dict(_turn_stats()))
         store.add_message(cid, "user", "And Italy?")
         store.add_message(cid, "assistant", "Rome.")  # no stats (e.g. cancelled before the end): no line
-        md = store.export_markdown(cid)
+        md = stored_transcript(store, cid)
     lines = md.splitlines()
     assert lines[0] == "# Capitals of Europe"
     assert "- Model: `qwen2.5-0.5b`" in lines
@@ -194,7 +196,9 @@ def test_export_markdown(tmp_path):
     body = md[md.index("## System prompt") :]
     assert body.index("Answer in one word.") < body.index("Capital of France?") < body.index("Paris.")
     stats = [ln for ln in lines if ln.startswith("*")]
-    assert stats == ["*121 tokens · 40.0 tok/s · prompt 512 (40 new) · TTFT 0.35 s · eos*"]
+    # The chat's own stats line under the reply: one formatter for the screen and the export.
+    assert stats == [f"*{stats_line(_turn_stats())}*"]
+    assert stats == ["*prefill 500.0 tok/s · decode 40.0 tok/s · TTFT 350 ms · 121 tokens · stop: eos*"]
     assert lines.index(stats[0]) == lines.index("Paris.") + 2
     assert md.rstrip().endswith("Rome.")
 
@@ -203,7 +207,7 @@ def test_export_without_system_prompt(tmp_path):
     with _open(tmp_path / "c.db") as store:
         cid = store.create("t", "m")
         store.add_message(cid, "user", "hi")
-        md = store.export_markdown(cid)
+        md = stored_transcript(store, cid)
     assert "System prompt" not in md and "## User\n\nhi" in md
 
 

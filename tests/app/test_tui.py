@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Markdown, OptionList, Sparkline, TextArea
 
+from chatapp.chat_state import stats_to_dict
 from chatapp.store import ConversationStore
-from chatapp.tui.state import stats_to_dict
 from chatapp.tui.widgets.chat_log import AssistantMessage, Banner, UserMessage
 from chatapp.tui.widgets.conversations import ConversationsScreen
 from chatapp.tui.widgets.inspector import InspectorScreen

@@ -40,8 +40,8 @@ async def test_real_model_chat_end_to_end(smollm2_path: Path, tmp_path: Path):
     record_notices(app)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.backend is not None or app._load_error, timeout=600)
-            assert app.backend is not None, app._load_error
+            await wait_for(pilot, lambda: app.backend is not None or app.service.load_error, timeout=600)
+            assert app.backend is not None, app.service.load_error
             assert app.backend.settings == greedy
             await send(pilot, "What is the capital of France?", wait=False)
             await wait_for(pilot, lambda: not app.generating, timeout=300, what="the real reply")

@@ -6,9 +6,7 @@ import threading
 
 import pytest
 
-from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
-from chatapp.tui.recorder import Recorder
-from chatapp.tui.state import (
+from chatapp.chat_state import (
     ChatState,
     LiveMetrics,
     Turn,
@@ -18,8 +16,11 @@ from chatapp.tui.state import (
     stats_line,
     stats_to_dict,
 )
+from chatapp.errors import describe_error
+from chatapp.recorder import Recorder
+from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
 from chatapp.tui.widgets.sampling_panel import KNOBS_BY_NAME, apply_knob
-from chatapp.tui.worker import describe_error, load_backend, stream_turn
+from chatapp.tui.worker import load_backend, stream_turn
 from engine.errors import ModelFileError
 from engine.events import STOP_CANCELLED, STOP_EOS, Alternative, Message, TokenEvent, TurnStats
 from engine.sampling import SamplingSettings
@@ -262,20 +263,45 @@ def test_apply_knob_builds_new_settings():
 
 
 def test_the_panel_offers_every_sampler_the_cli_and_engine_have_with_the_same_meaning() -> None:
+    """The config, the CLI, the panel and the engine read one declaration; check they agree on every value."""
     import dataclasses
 
     from chatapp.cli import build_parser
-    from chatapp.settings import _SAMPLING_CHECKS
+    from chatapp.settings import ConfigError, defaults_file, load_settings
     from chatapp.tui.widgets.sampling_panel import KNOBS
-    from engine.sampling import SamplingSettings
+    from engine.sampling import SAMPLER_SETTINGS_BY_NAME, SamplingSettings
 
-    engine_fields = {f.name for f in dataclasses.fields(SamplingSettings)}
+    engine_fields = [f.name for f in dataclasses.fields(SamplingSettings)]
     run = build_parser()._subparsers._group_actions[0].choices["run"]
-    cli = {a.dest for a in run._actions if a.dest in engine_fields}
-    assert {k.name for k in KNOBS} == engine_fields == cli
-    for knob in KNOBS:  # every value the panel can set is one the engine and the config take as it is
-        for value in (knob.lo, knob.hi, *(() if knob.off is None else (knob.off,))):
-            _, messages = SamplingSettings(**{knob.name: knob.kind(value)}).validated()
-            assert messages == [], (knob.name, value, messages)
-            check, expected = _SAMPLING_CHECKS.get(knob.name, (lambda v: True, ""))
-            assert check(knob.kind(value)), (knob.name, value, expected)
+    cli = {a.dest: a for a in run._actions if a.dest in engine_fields}
+    assert [k.name for k in KNOBS] == list(SAMPLER_SETTINGS_BY_NAME)
+    assert set(SAMPLER_SETTINGS_BY_NAME) == set(engine_fields) == set(cli)
+
+    def config_takes(name: str, value: float) -> bool:
+        try:
+            load_settings({name: value}, config_file=defaults_file(), environ={})
+            return True
+        except ConfigError:
+            return False
+
+    for knob in KNOBS:
+        setting = SAMPLER_SETTINGS_BY_NAME[knob.name]
+        assert knob.kind is setting.kind is cli[knob.name].type and knob.help == setting.help
+        if setting.expected:
+            assert setting.expected in cli[knob.name].help
+        specials = [v for v, _ in setting.special]
+        probes = {knob.lo, knob.hi, *specials, *([] if knob.off is None else [knob.off])}
+        probes |= {v + d for v in list(probes) for d in (-1, -0.5, 0.5, 1)}
+        for value in sorted(probes):  # the engine, the config and the panel agree on what each value means
+            if knob.kind is int and value != int(value):
+                continue  # a fraction is a type error for a whole-number setting, not a question of range
+            value = knob.kind(value)
+            clean = SamplingSettings(**{knob.name: value}).validated()[1] == []
+            assert clean == setting.accepts(value) == config_takes(knob.name, value), (knob.name, value)
+            in_panel = knob.clamp(value) == value and (value == knob.off or knob.lo <= value <= knob.hi)
+            if in_panel:  # every value the panel can set is one the engine and the config take as it is
+                assert clean, (knob.name, value)
+        for value, meaning in setting.special:
+            if knob.kind is int:
+                assert knob.show(value) == meaning
+            assert f"{value:g} = {meaning}" in setting.expected

@@ -48,7 +48,7 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
     from textual.app import App
     from textual.widgets import DataTable
 
-    from chatapp.tui.state import Turn, stats_from_dict, stats_line, stats_to_dict
+    from chatapp.chat_state import Turn, stats_from_dict, stats_line, stats_to_dict
     from chatapp.tui.widgets.inspector import InspectorScreen
     from engine.events import STOP_EOS, TokenEvent, TurnStats
 
@@ -81,12 +81,12 @@ async def test_the_inspector_shows_acceptance_and_drafted_tokens() -> None:
 def test_the_app_gets_the_drafter_and_the_saved_cache(smollm2_path, isolated_dirs, monkeypatch) -> None:
     """`chatapp -md MODEL`: the app's backend factory builds a ChatSession with that draft model, and with the
     saved-cache store of the user cache, saving after every turn."""
-    import chatapp.tui.app as tui_app
+    import chatapp.tui.launch as tui_launch
     from chatapp.kv_cache import kv_cache_dir
     from engine.speculative import ModelDrafter
 
     factories = []
-    monkeypatch.setattr(tui_app, "run_app", lambda factory, **kw: factories.append(factory))
+    monkeypatch.setattr(tui_launch, "run_app", lambda factory, **kw: factories.append(factory))
     assert main(["-m", str(smollm2_path), "-md", str(smollm2_path), "--draft-max", "5"]) == 0
     chat = factories[0](lambda line: None)
     assert isinstance(chat.drafter, ModelDrafter) and chat.drafter.length.most == 5

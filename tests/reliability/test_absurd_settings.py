@@ -108,8 +108,8 @@ def test_absurd_sampling_values_are_clamped_with_one_message_each() -> None:
     valid, notes = SamplingSettings(top_p=7, temperature=-1, top_k=-5).validated()
     assert (valid.top_p, valid.temperature, valid.top_k) == (1.0, 0.0, 0)
     assert notes == [
-        "temperature -1 is negative (0 means greedy); using 0.0",
-        "top_k -5 is negative (0 disables top-k); using 0",
+        "temperature -1 is below 0 (0 = greedy); using 0.0",  # the meanings come from SAMPLER_SETTINGS
+        "top_k -5 is below 0 (0 = off); using 0",
         "top_p 7 is above 1; using 1.0",
     ]
     valid, notes = SamplingSettings(

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from chatapp.chat_state import Turn
 from chatapp.tui.app import ChatApp
-from chatapp.tui.state import Turn
 from chatapp.tui.widgets.prompt_input import PromptInput
 from chatapp.tui.widgets.sampling_panel import KnobRow
 from engine.chat import ChatSession

@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from chatapp.tui.state import ChatState, Turn, code_blocks, stats_line
+from chatapp.chat_state import ChatState, Turn, code_blocks, stats_line
 from chatapp.tui.thinking import split_thinking, thinking_token_count
 
 # On a focused message: its other versions (branches), editing it, a new reply from it.

@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual.widgets import Sparkline as _Sparkline
 
-from chatapp.tui.state import Turn, decode_latencies, fmt_ms, fmt_rate, latency_summary
+from chatapp.chat_state import Turn, decode_latencies, fmt_ms, fmt_rate, latency_summary
 from engine.events import TokenEvent, TurnStats
 
 BAR_WIDTH = 40

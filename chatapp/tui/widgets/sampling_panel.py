@@ -20,7 +20,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Button, Input, Label, Static
 
-from engine.sampling import SamplingSettings
+from engine.sampling import SAMPLER_SETTINGS, SamplerSetting, SamplingSettings
 
 MAX_SEED = 2**32 - 1
 
@@ -78,55 +78,60 @@ def _f2(v: float) -> str:
     return f"{v:.2f}"
 
 
-def _off_if_zero(v: float) -> str:
-    return "off" if v == 0 else f"{v:.0f}"
+def _whole(v: float) -> str:
+    return f"{v:.0f}"
 
 
-KNOBS: tuple[Knob, ...] = (
-    Knob(
-        "temperature", "Temperature", float, lo=0.0, hi=5.0, step=0.05, big_step=0.5, show=_f2,
-        help="Randomness. 0 is greedy (always the most likely token).",
-    ),
-    Knob(
-        "top_k", "Top-k", int, lo=0, hi=1000, step=1, big_step=10, show=_off_if_zero,
-        help="Sample only among the k most likely tokens. 0 disables.",
-    ),
-    Knob(
-        "top_p", "Top-p", float, lo=0.0, hi=1.0, step=0.01, big_step=0.1, show=_f2,
-        help="Keep the most likely tokens whose probabilities add up to p. 1.0 disables.",
-    ),
-    Knob(
-        "min_p", "Min-p", float, lo=0.0, hi=1.0, step=0.01, big_step=0.1, show=_f2,
-        help="Drop tokens less likely than min-p × the top token's probability. 0 disables.",
-    ),
-    Knob(
-        "repeat_penalty", "Repeat penalty", float, lo=1.0, hi=3.0, step=0.01, big_step=0.1, show=_f2,
-        help="Make tokens seen in the penalty window less likely (their logits divided by it). 1.0 disables.",
-    ),
-    Knob(
-        "presence_penalty", "Presence penalty", float, lo=-2.0, hi=2.0, step=0.05, big_step=0.5, show=_f2,
-        help="Subtracted from the logit of every token seen in the penalty window. 0 disables.",
-    ),
-    Knob(
-        "frequency_penalty", "Freq. penalty", float, lo=-2.0, hi=2.0, step=0.05, big_step=0.5, show=_f2,
-        help="Subtracted once for each time a token was seen in the penalty window. 0 disables.",
-    ),
-    Knob(
-        "repeat_last_n", "Penalty window", int, lo=0, hi=32768, step=16, big_step=256, off=-1, off_high=True,
-        show=lambda v: "whole context" if v < 0 else _off_if_zero(v),
-        help="How many recent tokens the three penalties look at. 0 turns them off; past the top: the whole context.",
-    ),
-    Knob(
-        "seed", "Seed", int, lo=0, hi=MAX_SEED, step=1, big_step=100, off=-1,
-        show=lambda v: "random" if v < 0 else f"{v:.0f}",
-        help="A fixed seed makes replies reproducible; below 0 is random (a new seed each turn).",
-    ),
-    Knob(
-        "max_tokens", "Max tokens", int, lo=1, hi=1_000_000, step=64, big_step=512, off=-1, off_high=True,
-        show=lambda v: "unlimited" if v < 0 else f"{v:,.0f}",
-        help="Reply length limit; past the context size is unlimited (until the context is full).",
-    ),
-)  # fmt: skip
+def _grouped(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+@dataclass(frozen=True)
+class Look:
+    """How the panel presents a setting; what its values are and mean comes from `SAMPLER_SETTINGS`."""
+
+    label: str
+    step: float
+    big_step: float
+    lo: float | None = None  # the slider's own end, inside the setting's range (None: the setting's)
+    hi: float | None = None
+    off_high: bool = False  # the setting's value below its range sits past the slider's top (-1 = unlimited)
+    number: Callable[[float], str] = _whole  # how an ordinary value is shown
+
+
+LOOKS: dict[str, Look] = {
+    "temperature": Look("Temperature", 0.05, 0.5, hi=5.0, number=_f2),
+    "top_k": Look("Top-k", 1, 10, hi=1000),
+    "top_p": Look("Top-p", 0.01, 0.1, number=_f2),
+    "min_p": Look("Min-p", 0.01, 0.1, number=_f2),
+    "repeat_penalty": Look("Repeat penalty", 0.01, 0.1, lo=1.0, hi=3.0, number=_f2),
+    "presence_penalty": Look("Presence penalty", 0.05, 0.5, lo=-2.0, hi=2.0, number=_f2),
+    "frequency_penalty": Look("Freq. penalty", 0.05, 0.5, lo=-2.0, hi=2.0, number=_f2),
+    "repeat_last_n": Look("Penalty window", 16, 256, hi=32768, off_high=True),
+    "seed": Look("Seed", 1, 100, hi=MAX_SEED),
+    "max_tokens": Look("Max tokens", 64, 512, hi=1_000_000, off_high=True, number=_grouped),
+}
+
+
+def knob_for(setting: SamplerSetting, look: Look) -> Knob:
+    """A panel row for `setting`: its range, the value below it ("off") and the words for its special values;
+    floats show their number, whole numbers the special value's meaning (0 → "off", -1 → "random")."""
+    lo = setting.low if look.lo is None else look.lo
+    hi = setting.high if look.hi is None else look.hi
+    assert lo is not None and hi is not None, f"{setting.name}: the panel needs both ends of a range"
+    off = next((v for v, _ in setting.special if setting.low is not None and v < setting.low), None)
+    words = dict(setting.special) if setting.kind is int else {}
+
+    def show(v: float) -> str:
+        return words.get(v) or look.number(v)
+
+    return Knob(
+        setting.name, look.label, setting.kind, lo=lo, hi=hi, step=look.step, big_step=look.big_step,
+        help=setting.help, show=show, off=off, off_high=look.off_high,
+    )  # fmt: skip
+
+
+KNOBS: tuple[Knob, ...] = tuple(knob_for(s, LOOKS[s.name]) for s in SAMPLER_SETTINGS)
 KNOBS_BY_NAME = {k.name: k for k in KNOBS}
 
 

@@ -7,7 +7,7 @@ from textual.containers import Horizontal
 from textual.content import Content
 from textual.widgets import Static
 
-from chatapp.tui.state import LiveMetrics, fmt_ms, fmt_rate
+from chatapp.chat_state import LiveMetrics, fmt_ms, fmt_rate
 from engine.events import TurnStats
 
 STATE_STYLES = {

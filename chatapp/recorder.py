@@ -6,14 +6,13 @@ per distinct problem through `report` and the chat goes on unsaved; `store=None`
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from chatapp.chat_state import ChatState, Turn, stats_to_dict
+from chatapp.export import stored_transcript
 from chatapp.store import suggest_title
-from chatapp.tui.state import ChatState, Turn, stats_to_dict
 
 
 class Recorder:
@@ -134,15 +133,7 @@ class Recorder:
         return self._call("open the chat", self.store.load, conv_id)
 
     def export_markdown(self, conv_id: int) -> str | None:
+        """The saved chat as Markdown, all its branches included (None: no store, or it failed and said so)."""
         if self.store is None:
             return None
-        return self._call("export the chat", self.store.export_markdown, conv_id)
-
-
-def write_export(directory: Path, conv_id: int | None, title: str, text: str) -> Path:
-    """Write an exported chat as `chat-<id>-<title-slug>.md` in `directory` (made if missing); the path."""
-    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:40] or "chat"
-    path = Path(directory) / f"chat-{conv_id if conv_id is not None else 'unsaved'}-{slug}.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+        return self._call("export the chat", stored_transcript, self.store, conv_id)

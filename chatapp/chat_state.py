@@ -1,7 +1,8 @@
 """The chat as data: turns, their stats and tokens, and the helpers that read them. No widgets here.
 
-The App owns one `ChatState`; widgets render it. A stored reply keeps its statistics and per-token list in the
-store's `stats` JSON (`stats_to_dict` / `stats_from_dict`), so the inspector also works on resumed chats.
+The chat service (`chatapp.chat_service`) owns one `ChatState`; widgets render it. A stored reply keeps its
+statistics and per-token list in the store's `stats` JSON (`stats_to_dict` / `stats_from_dict`), so the
+inspector also works on resumed chats.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from markdown_it import MarkdownIt
 
 from chatapp.store import stats_to_dict as store_stats_to_dict
 from engine.events import Alternative, Message, TokenEvent, TurnStats
+
+if TYPE_CHECKING:
+    from chatapp.store import Conversation, StoredMessage
 
 
 @dataclass
@@ -39,6 +43,17 @@ class ChatState:
     system_prompt: str = ""
     turns: list[Turn] = field(default_factory=list)
 
+    @classmethod
+    def from_stored(cls, conv: Conversation) -> ChatState:
+        """A saved conversation's branch on screen as a chat (a stored system message becomes the prompt)."""
+        state = cls(conv_id=conv.id, title=conv.title, model=conv.model, system_prompt=conv.system_prompt)
+        for m in conv.messages:
+            if m.role == "system":
+                state.system_prompt = state.system_prompt or m.content
+            else:
+                state.turns.append(turn_from_stored(m))
+        return state
+
     def backend_messages(self) -> list[Message]:
         """What `stream_reply` gets: the system prompt (if any) then every turn with text."""
         out = [Message("system", self.system_prompt)] if self.system_prompt.strip() else []
@@ -58,6 +73,11 @@ class ChatState:
             if turn.msg_id is not None:
                 return turn.msg_id
         return None
+
+
+def turn_from_stored(m: StoredMessage) -> Turn:
+    stats, tokens, error = stats_from_dict(m.stats)
+    return Turn(m.role, m.content, m.id, stats, tokens, error)
 
 
 # ---- stats <-> JSON -------------------------------------------------------------------------------------
@@ -205,13 +225,3 @@ def code_blocks(markdown: str) -> list[CodeBlock]:
     return [
         CodeBlock((t.info or "").strip().split(" ")[0], t.content) for t in tokens if t.type in ("fence", "code_block")
     ]
-
-
-def to_markdown(state: ChatState) -> str:
-    """A Markdown transcript, for exports when there is no store to ask."""
-    out = [f"# {state.title or 'Chat'}", "", f"*Model: {state.model}*", ""]
-    if state.system_prompt.strip():
-        out += ["## System", "", state.system_prompt.strip(), ""]
-    for turn in state.turns:
-        out += [f"## {'User' if turn.role == 'user' else 'Assistant'}", "", turn.content.strip(), ""]
-    return "\n".join(out)
