@@ -103,7 +103,9 @@ class Pace:
         if self.plain_ms <= 0:  # nothing to compare with yet: the next step runs plain and measures it
             self.pause = 1
             return
-        if self.spec_tokens / self.spec_ms < PACE_MARGIN / self.plain_ms:
+        # A pass that accepted nothing yielded one token at more than a plain pass's cost, whatever the clock
+        # says: a noisy timing must not count it as paying and reset the pause.
+        if accepted == 0 or self.spec_tokens / self.spec_ms < PACE_MARGIN / self.plain_ms:
             self.pause = self.next_pause
             self.next_pause = min(PACE_MAX_PAUSE, self.next_pause * 2)
         else:

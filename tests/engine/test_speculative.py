@@ -350,6 +350,10 @@ def test_guesses_that_always_miss_are_checked_rarely() -> None:
         later += bool(guess)
         d.feedback(len(guess), 0, 13.0 if guess else 10.0)
     assert later <= 10, later
+    pace = Pace()
+    pace.record(0, 0, 10.0)
+    pace.record(1, 0, 1.0)  # a rejected pass that a noisy clock says was cheap still pauses guessing
+    assert not pace.allow()
 
 
 def test_pace_pauses_guessing_that_does_not_pay() -> None:
