@@ -15,12 +15,13 @@ TYPE = T.BF16
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 2) -> (n, 1): a bfloat16 is the top half of a float32
     return xp.ascontiguousarray(arrays.u16(xp, b).astype(xp.uint32) << 16).view(xp.float32)
 
 
 def values(w: np.ndarray) -> np.ndarray:
-    """Stored bit patterns, uint16 (...), as float32 (...): the top half of a float32."""
+    """Stored bit patterns, uint16 (r, cols), as float32 (r, cols): each the top half of a float32."""
     return (w.astype(np.uint32) << 16).view(np.float32)
 
 

@@ -15,12 +15,13 @@ TYPE = T.F16
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 2) -> (n, 1)
     return arrays.half(xp, b)
 
 
 def values(w: np.ndarray) -> np.ndarray:
-    """Stored bit patterns, uint16 (...), as float32 (...)."""
+    """Stored bit patterns, uint16 (r, cols), as float32 (r, cols)."""
     return w.view(np.float16).astype(np.float32)
 
 

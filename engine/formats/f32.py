@@ -14,6 +14,7 @@ TYPE = T.F32
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 4) -> (n, 1)
     return xp.ascontiguousarray(b).view(xp.float32)
 

@@ -29,6 +29,7 @@ TYPE = T.Q2_K
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 256] float32."""
     # scales[16] @0, qs[64] @16, d @80, dmin @82
     d = half(row, o + 80, f16)
     dmin = half(row, o + 82, f16)
@@ -88,7 +89,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q2_K: 256 values; qs[64] (pairs 0-31), scales[16] (pairs 32-39: scale in the low nibble, min high) ---
+# Pairs: qs[64] (pairs 0-31), scales[16] (pairs 32-39: scale in the low nibble, min high).
 # Value n*128 + 32j + l (n < 2, j < 4, l < 32) = bits 2j of qs[32n + l]; run n*8 + 2j + l // 16 has its own
 # scale and min: W = d * scale * value - dmin * min. Values <= 3: a run (8 pairs) per 16-bit accumulator
 # (<= 6096), scaled and widened (scale <= 15); the two runs of a 32-block meet in one 32-bit sum.
@@ -131,6 +132,7 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [scales 16: 4-bit scale | 4-bit min << 4][qs 64: 2 bits each][d f16][dmin f16]
     n = b.shape[0]
     scales = b[:, 0:16]

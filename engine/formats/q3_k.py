@@ -38,6 +38,7 @@ def q3_k_scale(row, o, j):
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 256] float32."""
     # hmask[32] @0, qs[64] @32, scales[12] @96, d @108
     d = half(row, o + 108, f16)
     for n in range(2):
@@ -116,7 +117,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q3_K: 256 values; qs[64] (pairs 0-31), hmask[32] (pairs 32-47), int8 scales[16] (pairs 48-55) ------
+# Pairs: qs[64] (pairs 0-31), hmask[32] (pairs 32-47), int8 scales[16] (pairs 48-55).
 # Value n*128 + 32j + l (n < 2, j < 4, l < 32): low 2 bits = bits 2j of qs[32n + l], third bit = bit 4n + j
 # of hmask[l], minus 4; scale n*8 + 2j + l // 16. Values <= 7: a 16-value run (8 pairs) per 16-bit
 # accumulator (<= 14224), then scaled and widened (|scale| <= 32).
@@ -156,6 +157,7 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [hmask 32][qs 64: 2 low bits][scales 12: 6-bit, packed][d f16]
     n = b.shape[0]
     d = arrays.half(xp, b[:, 108:110])  # (n, 1)

@@ -27,6 +27,7 @@ TYPE = T.Q4_0
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 32] float32."""
     d = half(row, o, f16)
     for j in range(16):
         q = np.int32(row[o + 2 + j])
@@ -36,6 +37,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 32]), without materialising the block."""
     s = np.float32(0.0)
     for j in range(16):
         q = np.int32(row[o + 2 + j])
@@ -136,6 +138,7 @@ def emit_q4_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qs 16]: d · (q - 8)
     d = arrays.half(xp, b[:, 0:2])  # (n, 1)
     q = arrays.nibbles(xp, b[:, 2:18]).astype(xp.int8) - 8  # (n, 32)

@@ -27,6 +27,7 @@ TYPE = T.Q4_1
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 32] float32."""
     d = half(row, o, f16)
     m = half(row, o + 2, f16)
     for j in range(16):
@@ -37,6 +38,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 32]), without materialising the block."""
     s = np.float32(0.0)
     sx = np.float32(0.0)
     for j in range(16):
@@ -81,6 +83,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][m f16][qs 16]: d · q + m
     d, m = arrays.half(xp, b[:, 0:2]), arrays.half(xp, b[:, 2:4])  # (n, 1) each
     return d * arrays.nibbles(xp, b[:, 4:20]).astype(xp.float32) + m

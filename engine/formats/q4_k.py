@@ -43,6 +43,7 @@ def k4_scale_min(row, o, j):
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 256] float32."""
     # d @0, dmin @2, scales[12] @4, qs[128] @16
     d = half(row, o, f16)
     dmin = half(row, o + 2, f16)
@@ -61,6 +62,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 256]), without materialising the block."""
     d = half(row, o, f16)
     dmin = half(row, o + 2, f16)
     total = np.float32(0.0)
@@ -175,8 +177,8 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q4_K, Q5_K: 256 values; qs[128] (pairs 0-63), scales[8] (pairs 64-67), mins[8] (pairs 68-71), and for
-# Q5_K qh[32] (pairs 72-87) ---------------------------------------------------------------------------------
+# Pairs (Q4_K and Q5_K): qs[128] (pairs 0-63), scales[8] (pairs 64-67), mins[8] (pairs 68-71), and for Q5_K
+# qh[32] (pairs 72-87).
 # Sub-block 2i is the low nibbles of bytes 32i..32i+31, 2i+1 the high ones; Q5_K adds bit 2i (2i + 1) of
 # qh[l] as the fifth bit of value l. Q4_K: 8 pairs per 16-bit accumulator (<= 30480); Q5_K (values <= 31):
 # 4 pairs (<= 31496); then scaled and widened (scale <= 63).
@@ -257,6 +259,7 @@ def scale_min_k4(xp: ModuleType, s: Array) -> tuple[Array, Array]:
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][dmin f16][scales 12][qs 128]: 8 sub-blocks of 32, each d·sc·q - dmin·m
     n = b.shape[0]
     d, dmin = arrays.half(xp, b[:, 0:2]), arrays.half(xp, b[:, 2:4])  # (n, 1) each

@@ -28,6 +28,7 @@ TYPE = T.Q5_0
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 32] float32."""
     d = half(row, o, f16)
     qh = u32(row, o + 2)
     for j in range(16):
@@ -40,6 +41,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 32]), without materialising the block."""
     qh = u32(row, o + 2)
     s = np.float32(0.0)
     for j in range(16):
@@ -148,7 +150,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q5_0, Q5_1: nibbles plus a fifth bit from two qh fields (values 0-15, 16-31; - 16 for Q5_0) ---------
+# Pairs (Q5_0 and Q5_1): nibbles plus a fifth bit from two qh fields (values 0-15, 16-31; - 16 for Q5_0).
 # The qh fields (s[1], s[2] for Q5_0; s[2], s[3] for Q5_1, after d and m) hold qh's bits reordered at packing:
 # low byte = bits of the even values, high byte = odd ones, so bit jp of each byte belongs to byte pair jp.
 # Values <= 31: pmaddubsw pairs <= 7874, 2 byte pairs (4 pmaddubsw) per 16-bit accumulator (<= 31496), then
@@ -191,6 +193,7 @@ def emit_q5_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qh u32][qs 16]: d · (q - 16), bit 4 of value j from bit j of qh
     d = arrays.half(xp, b[:, 0:2])  # (n, 1)
     q = arrays.nibbles(xp, b[:, 6:22]) | (arrays.bits(xp, arrays.u32(xp, b[:, 2:6]), 32) << 4)  # (n, 32)

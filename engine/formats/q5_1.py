@@ -27,6 +27,7 @@ TYPE = T.Q5_1
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 32] float32."""
     d = half(row, o, f16)
     m = half(row, o + 2, f16)
     qh = u32(row, o + 4)
@@ -40,6 +41,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 32]), without materialising the block."""
     qh = u32(row, o + 4)
     s = np.float32(0.0)
     sx = np.float32(0.0)
@@ -81,6 +83,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][m f16][qh u32][qs 16]: d · q + m
     d, m = arrays.half(xp, b[:, 0:2]), arrays.half(xp, b[:, 2:4])  # (n, 1) each
     q = arrays.nibbles(xp, b[:, 8:24]) | (arrays.bits(xp, arrays.u32(xp, b[:, 4:8]), 32) << 4)  # (n, 32)

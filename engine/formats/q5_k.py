@@ -29,6 +29,7 @@ TYPE = T.Q5_K
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 256] float32."""
     # d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48
     d = half(row, o, f16)
     dmin = half(row, o + 2, f16)
@@ -48,6 +49,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 256]), without materialising the block."""
     d = half(row, o, f16)
     dmin = half(row, o + 2, f16)
     total = np.float32(0.0)
@@ -92,6 +94,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][dmin f16][scales 12][qh 32][qs 128]: as Q4_K with a fifth bit from qh
     n = b.shape[0]
     d, dmin = arrays.half(xp, b[:, 0:2]), arrays.half(xp, b[:, 2:4])  # (n, 1) each

@@ -29,6 +29,7 @@ TYPE = T.Q6_K
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 256] float32."""
     # ql[128] @0, qh[64] @128, scales[16] (int8) @192, d @208
     d = half(row, o + 208, f16)
     for n in range(2):
@@ -49,6 +50,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 256]), without materialising the block."""
     d = half(row, o + 208, f16)
     total = np.float32(0.0)
     for n in range(2):
@@ -123,7 +125,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q6_K: 256 values; ql[128] (pairs 0-63), qh[64] (pairs 64-95), int8 scales[16] (pairs 96-103) -------
+# Pairs: ql[128] (pairs 0-63), qh[64] (pairs 64-95), int8 scales[16] (pairs 96-103).
 # Value n*128 + 32k + l (n < 2, k < 4, l < 32): low 4 bits = nibble k // 2 of ql[64n + 32(k % 2) + l], high 2
 # bits = bits 2k of qh[32n + l], minus 32; scale n*8 + 2k + l // 16. Values <= 63: pmaddubsw pairs <= 16002,
 # 2 pairs per 16-bit accumulator (<= 32004), then scaled and widened (|scale * sum| <= 128 * 128016).
@@ -198,6 +200,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [ql 128: low 4 bits][qh 64: high 2 bits][scales int8 16][d f16]: d · sc · (q - 32)
     n = b.shape[0]
     d = arrays.half(xp, b[:, 208:210])  # (n, 1)

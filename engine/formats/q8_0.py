@@ -26,6 +26,7 @@ TYPE = T.Q8_0
 
 @njit(**INLINE)
 def deq(row, o, f16, out, p):
+    """The block at row[o:] -> out[p : p + 32] float32."""
     d = half(row, o, f16)
     for j in range(32):
         out[p + j] = d * i8(row[o + 2 + j])
@@ -33,6 +34,7 @@ def deq(row, o, f16, out, p):
 
 @njit(**INLINE)
 def dot(row, o, f16, x, p):
+    """sum(block at row[o:] * x[p : p + 32]), without materialising the block."""
     s = np.float32(0.0)
     for j in range(32):
         s += i8(row[o + 2 + j]) * x[p + j]
@@ -68,7 +70,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- SIMD emitters, by the width W of a row's bytes side by side (emit.py): one per instruction family -------
 
 
-# ---- Q8_0: 32 signed bytes, 16 pairs; pmaddwd on bytes widened to 16 bits ------------------------------
+# Pairs: 32 signed bytes, 16 pairs; pmaddwd on bytes widened to 16 bits.
 def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
     b = e.b
     n = e.L  # 16-bit values in half a register's rows: L/2 rows x 2
@@ -110,6 +112,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 
 
 def decode(xp: ModuleType, b: Array) -> Array:
+    """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qs int8 32]: d · q
     return arrays.i8(xp, b[:, 2:34]).astype(xp.float32) * arrays.half(xp, b[:, 0:2])
 
