@@ -320,7 +320,7 @@ class Emitter:
         if self.k.f16c:
             return self.b.fpext(self.b.bitcast(h, vt(F16, n)), vt(F32, n))
         b = self.b
-        v = b.zext(h, vt(I32, n))  # as packed.h2f: sign and magnitude moved into place, times 2**112
+        v = b.zext(h, vt(I32, n))  # as fields.h2f: sign and magnitude moved into place, times 2**112
         mag = b.shl(b.and_(v, splat_const(I32, n, 0x7FFF)), splat_const(I32, n, 13))
         bits = b.or_(mag, b.shl(b.and_(v, splat_const(I32, n, 0x8000)), splat_const(I32, n, 16)))
         finite = b.fmul(b.bitcast(bits, vt(F32, n)), splat_const(F32, n, 2.0**112))

@@ -9,7 +9,8 @@ the SIMD block kernels of simd.py), built on the weight's first product and kept
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
 F16 and BF16 weights run floats.py on their 16-bit values. cpu.py keeps per-row float kernels of every type, for
-reference and for the float32 path.
+reference and for the float32 path. What each type is (layout, decoders, packing, emitters) comes from its module
+in engine/formats; nothing here names a quantized type.
 """
 
 from __future__ import annotations
