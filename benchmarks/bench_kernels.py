@@ -43,7 +43,6 @@ from engine.kernels import (  # noqa: E402
     packed,
     simd,
 )
-from engine.kernels import cpu as cpu_kernels  # noqa: E402
 
 # (rows, cols) of the decode products in the two real models
 SHAPES = {
@@ -76,14 +75,14 @@ class OtherKernels:
     def __init__(self, isa: str):
         self.kernels = simd.kernel_set(isa, simd.KERNELS.f16c)
         ns = types.ModuleType(f"simd_{isa}")  # a module, as group_simd's `simd.` lookups need
-        ns.__dict__.update(simd.build_kernels(self.kernels))
+        ns.BLOCKS, ns.BLOCKS_TILE = simd.build_kernels(self.kernels)
         group = numba.njit(nogil=True)(_rebound(packed.group_simd, simd=ns))
         self._parallel = numba.njit(parallel=True, nogil=True)(_rebound(packed.matvec, group_simd=group))
         self._serial = numba.njit(nogil=True)(_rebound(packed.matvec_serial, group_simd=group))
 
     def pack(self, code: int, rows: int, cols: int, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         qb, copies, halves = packed.layout_tables(code)
-        block, block_bytes = cpu_kernels.BLOCK[code]
+        block, block_bytes = GGML_QUANT_SIZES[T(code)]
         lanes, width = self.kernels.layout(code)
         g = -(-rows // packed.ROWS)
         q = np.zeros((g, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)

@@ -60,8 +60,9 @@ def compile_target(environ: Mapping[str, str]) -> tuple[str, frozenset[str]]:
 
 
 def _kernel_cache_dir() -> Path:
-    """Numba's on-disk cache, in a folder named after a hash of every kernel source file and of the CPU the
-    kernels are compiled for, led by its instruction set's name (`avx512vnni-3f2a...`).
+    """Numba's on-disk cache, in a folder named after a hash of every kernel source file (engine/kernels and the
+    format modules, engine/formats) and of the CPU the kernels are compiled for, led by its instruction set's
+    name (`avx512vnni-3f2a...`).
 
     Numba keys a cached function on its own file's timestamp only, so an edit to an inlined helper in another
     module would leave a stale kernel in use. A new hash of the sources means a new, empty folder. Numba checks
@@ -70,8 +71,9 @@ def _kernel_cache_dir() -> Path:
     """
     name, features = compile_target(os.environ)
     h = hashlib.sha256()
-    for source in sorted((Path(__file__).parent / "kernels").glob("*.py")):
-        h.update(source.name.encode())
+    root = Path(__file__).parent
+    for source in sorted([*(root / "kernels").glob("*.py"), *(root / "formats").glob("*.py")]):  # what is compiled
+        h.update(source.relative_to(root).as_posix().encode())
         h.update(source.read_bytes())
     h.update(repr((name, sorted(features))).encode())
     base = os.environ.get("CHATAPP_CACHE_DIR")

@@ -9,7 +9,8 @@ the SIMD block kernels of simd.py), built on the weight's first product and kept
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
 F16 and BF16 weights run floats.py on their 16-bit values. cpu.py keeps per-row float kernels of every type, for
-reference and for the float32 path.
+reference and for the float32 path. What each type is (layout, decoders, packing, emitters) comes from its module
+in engine/formats; nothing here names a quantized type.
 """
 
 from __future__ import annotations
@@ -67,23 +68,15 @@ def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | Non
 
 os.environ.update(wait_policy(os.environ, _busy_cores))  # before libgomp loads, at the first parallel launch
 
+from ..formats import FORMATS, bf16, f16, f32  # noqa: E402
+from ..formats import QUANTIZED as _BLOCK_FORMATS  # noqa: E402
+from ..formats.fields import F16_TABLE  # noqa: E402
 from . import attention, cpu, decode, floats, packed, pages  # noqa: E402
-from .blocks import F16_TABLE  # noqa: E402
 
-QUANTIZED = {
-    T.Q4_0: cpu.Q4_0,
-    T.Q4_1: cpu.Q4_1,
-    T.Q5_0: cpu.Q5_0,
-    T.Q5_1: cpu.Q5_1,
-    T.Q8_0: cpu.Q8_0,
-    T.Q2_K: cpu.Q2_K,
-    T.Q3_K: cpu.Q3_K,
-    T.Q4_K: cpu.Q4_K,
-    T.Q5_K: cpu.Q5_K,
-    T.Q6_K: cpu.Q6_K,
-}
-FLOAT_TYPES = (T.F32, T.F16, T.BF16)
-_HALF_TYPES = (T.F16, T.BF16)  # 16-bit floats: products in floats.py
+QUANTIZED = {t: f.code for t, f in _BLOCK_FORMATS.items()}  # the block formats, with their ggml type ids
+FLOAT_TYPES = (f32.TYPE, f16.TYPE, bf16.TYPE)
+_HALF_TYPES = (f16.TYPE, bf16.TYPE)  # 16-bit floats: products in floats.py
+_FLOAT_VALUES = {m.TYPE: m.values for m in (f32, f16, bf16)}  # stored data -> float32
 SUPPORTED_TYPES = frozenset(QUANTIZED) | frozenset(FLOAT_TYPES)
 # Types with a repacked decode kernel; the others keep the per-row kernels of cpu.py.
 PACKED_TYPES = frozenset(t for t, code in QUANTIZED.items() if code in packed.PACKED_CODES)
@@ -136,7 +129,8 @@ class PackedWeight:
         matrix never has both copies resident.
         """
         qb, copies, halves = packed.layout_tables(code)
-        block, block_bytes = cpu.BLOCK[code]
+        fmt = FORMATS[T(code)]
+        block, block_bytes = fmt.block, fmt.block_bytes
         n_groups = -(-rows // packed.ROWS)
         lanes, width = packed.layout(code)  # this CPU's kernels' layout
         q = np.zeros((n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
@@ -181,9 +175,9 @@ class WeightMatrix:
     @classmethod
     def from_raw(cls, name: str, ggml_type: T, rows: int, cols: int, raw: np.ndarray) -> WeightMatrix:
         """Wrap the tensor bytes as the file stores them (any dtype view of the same buffer)."""
-        if ggml_type == T.F32:
+        if ggml_type == f32.TYPE:
             data = raw.view(np.float32).reshape(rows, cols)
-        elif ggml_type in (T.F16, T.BF16):
+        elif ggml_type in _HALF_TYPES:
             data = raw.view(np.uint16).reshape(rows, cols)
         else:
             data = raw.view(np.uint8).reshape(rows, -1)
@@ -206,12 +200,7 @@ class WeightMatrix:
 
 def _float_rows(w: WeightMatrix, r0: int, r1: int) -> np.ndarray:
     """W[r0:r1] as float32 for the float formats."""
-    part = w.data[r0:r1]
-    if w.ggml_type == T.F32:
-        return part
-    if w.ggml_type == T.F16:
-        return part.view(np.float16).astype(np.float32)
-    return (part.astype(np.uint32) << 16).view(np.float32)  # BF16: the top half of a float32
+    return _FLOAT_VALUES[w.ggml_type](w.data[r0:r1])
 
 
 def _decode_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
@@ -262,12 +251,12 @@ def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exa
     code = QUANTIZED.get(w.ggml_type)
     if code is not None:
         cpu.matvec(w.data, code, F16_TABLE, x, out)
-    elif w.ggml_type == T.F32:
+    elif w.ggml_type == f32.TYPE:
         np.matmul(w.data, x, out=out)
     elif w.data.nbytes < PARALLEL_MIN_BYTES:
-        floats.matvec_serial(w.data, w.ggml_type == T.BF16, x, out)
+        floats.matvec_serial(w.data, w.ggml_type == bf16.TYPE, x, out)
     else:
-        floats.matvec(w.data, w.ggml_type == T.BF16, x, out)
+        floats.matvec(w.data, w.ggml_type == bf16.TYPE, x, out)
     return out
 
 
@@ -311,7 +300,7 @@ def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.
     if t == 1 and not exact:
         return matvec(w, xs[0])[None, :]
     out = np.empty((t, w.rows), dtype=np.float32)
-    if w.ggml_type == T.F32:
+    if w.ggml_type == f32.TYPE:
         return np.matmul(xs, w.data.T, out=out)
     p = w.prepare().packed
     if p is not None and not exact:
@@ -319,7 +308,7 @@ def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.
         return out
     if w.ggml_type in _HALF_TYPES and blas_sgemm_address():
         xs = np.ascontiguousarray(xs, dtype=np.float32)
-        floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == T.BF16, xs, out)
+        floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == bf16.TYPE, xs, out)
         return out
     step = max(1, min(w.rows, _TILE_VALUES // w.cols))
     tile = np.empty((step, w.cols), dtype=np.float32)
@@ -354,7 +343,7 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
 def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, bool]:
     """W as decode.layer takes it: (q, s, code) when packed, (bit patterns, bf16) for 16-bit floats."""
     if w.ggml_type in _HALF_TYPES:
-        return w.data, w.ggml_type == T.BF16
+        return w.data, w.ggml_type == bf16.TYPE
     p = w.prepare().packed
     return p.q, p.s, p.code
 

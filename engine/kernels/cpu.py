@@ -1,119 +1,58 @@
-"""Numba-parallel drivers over quantized weight matrices.
+"""Numba-parallel drivers over quantized weight matrices in their file layout: the float32 reference path.
 
 A weight matrix W (d, n) is stored as its GGUF bytes: `w` uint8 (d, row_bytes), each row its blocks back to
-back. `code` selects the format (the `Q*` constants below, equal to ggml's type ids). The format branch sits
-outside the block loop, so it costs one comparison chain per row.
+back. `code` selects the format (ggml's type id). The per-format row functions come from each format's
+reference `deq` and `dot` (engine/formats), and the dispatch over them is generated from the registry; the
+format branch sits outside the block loop, so it costs one comparison chain per row.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as T
 from numba import njit, prange
 
-from .blocks import (
-    deq_q2_k,
-    deq_q3_k,
-    deq_q4_0,
-    deq_q4_1,
-    deq_q4_k,
-    deq_q5_0,
-    deq_q5_1,
-    deq_q5_k,
-    deq_q6_k,
-    deq_q8_0,
-    dot_q4_0,
-    dot_q4_1,
-    dot_q4_k,
-    dot_q5_0,
-    dot_q5_1,
-    dot_q5_k,
-    dot_q6_k,
-    dot_q8_0,
-)
-
-# ggml type ids
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (int(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0))
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (int(t) for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K))
-
-# (values per block, bytes per block), from gguf
-BLOCK = {code: GGML_QUANT_SIZES[T(code)] for code in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
+from ..formats import QUANTIZED, Format
+from ..formats.dispatch import by_code
+from ..formats.spec import Kernel
 
 
-@njit(inline="always", cache=True, nogil=True)
-def _deq_row(row, code, f16, out):
-    """Decode one whole row into out (n,)."""
-    if code == Q4_0:
-        for b in range(out.shape[0] // 32):
-            deq_q4_0(row, b * 18, f16, out, b * 32)
-    elif code == Q4_1:
-        for b in range(out.shape[0] // 32):
-            deq_q4_1(row, b * 20, f16, out, b * 32)
-    elif code == Q5_0:
-        for b in range(out.shape[0] // 32):
-            deq_q5_0(row, b * 22, f16, out, b * 32)
-    elif code == Q5_1:
-        for b in range(out.shape[0] // 32):
-            deq_q5_1(row, b * 24, f16, out, b * 32)
-    elif code == Q8_0:
-        for b in range(out.shape[0] // 32):
-            deq_q8_0(row, b * 34, f16, out, b * 32)
-    elif code == Q2_K:
-        for b in range(out.shape[0] // 256):
-            deq_q2_k(row, b * 84, f16, out, b * 256)
-    elif code == Q3_K:
-        for b in range(out.shape[0] // 256):
-            deq_q3_k(row, b * 110, f16, out, b * 256)
-    elif code == Q4_K:
-        for b in range(out.shape[0] // 256):
-            deq_q4_k(row, b * 144, f16, out, b * 256)
-    elif code == Q5_K:
-        for b in range(out.shape[0] // 256):
-            deq_q5_k(row, b * 176, f16, out, b * 256)
-    elif code == Q6_K:
-        for b in range(out.shape[0] // 256):
-            deq_q6_k(row, b * 210, f16, out, b * 256)
+def _deq_row_of(fmt: Format) -> Kernel:
+    """deq_row(row, f16, out): one whole row of `fmt` decoded into out (n,)."""
+    deq, block, block_bytes = fmt.deq, fmt.block, fmt.block_bytes
+
+    @njit(inline="always", nogil=True)
+    def deq_row(row, f16, out):
+        for b in range(out.shape[0] // block):
+            deq(row, b * block_bytes, f16, out, b * block)
+
+    return deq_row
 
 
-@njit(inline="always", cache=True, nogil=True)
-def _dot_row(row, code, f16, x, buf):
-    """row · x for one row; buf (256,) is scratch for formats without a fused dot."""
-    n = x.shape[0]
-    acc = np.float32(0.0)
-    if code == Q4_0:
-        for b in range(n // 32):
-            acc += dot_q4_0(row, b * 18, f16, x, b * 32)
-    elif code == Q4_1:
-        for b in range(n // 32):
-            acc += dot_q4_1(row, b * 20, f16, x, b * 32)
-    elif code == Q5_0:
-        for b in range(n // 32):
-            acc += dot_q5_0(row, b * 22, f16, x, b * 32)
-    elif code == Q5_1:
-        for b in range(n // 32):
-            acc += dot_q5_1(row, b * 24, f16, x, b * 32)
-    elif code == Q8_0:
-        for b in range(n // 32):
-            acc += dot_q8_0(row, b * 34, f16, x, b * 32)
-    elif code == Q4_K:
-        for b in range(n // 256):
-            acc += dot_q4_k(row, b * 144, f16, x, b * 256)
-    elif code == Q5_K:
-        for b in range(n // 256):
-            acc += dot_q5_k(row, b * 176, f16, x, b * 256)
-    elif code == Q6_K:
-        for b in range(n // 256):
-            acc += dot_q6_k(row, b * 210, f16, x, b * 256)
-    else:  # Q2_K, Q3_K: decode a super-block into scratch, then dot
-        for b in range(n // 256):
-            if code == Q2_K:
-                deq_q2_k(row, b * 84, f16, buf, 0)
-            else:
-                deq_q3_k(row, b * 110, f16, buf, 0)
-            for k in range(256):
-                acc += buf[k] * x[b * 256 + k]
-    return acc
+def _dot_row_of(fmt: Format) -> Kernel:
+    """dot_row(row, f16, x, buf) -> row · x, with the format's fused dot, else a block decoded into buf then dotted."""
+    deq, dot, block, block_bytes = fmt.deq, fmt.dot, fmt.block, fmt.block_bytes
+
+    @njit(inline="always", nogil=True)
+    def fused(row, f16, x, buf):
+        acc = np.float32(0.0)
+        for b in range(x.shape[0] // block):
+            acc += dot(row, b * block_bytes, f16, x, b * block)
+        return acc
+
+    @njit(inline="always", nogil=True)
+    def via_deq(row, f16, x, buf):
+        acc = np.float32(0.0)
+        for b in range(x.shape[0] // block):
+            deq(row, b * block_bytes, f16, buf, 0)
+            for k in range(block):
+                acc += buf[k] * x[b * block + k]
+        return acc
+
+    return fused if dot is not None else via_deq
+
+
+_deq_row = by_code({f.code: _deq_row_of(f) for f in QUANTIZED.values()}, "row, f16, out")
+_dot_row = by_code({f.code: _dot_row_of(f) for f in QUANTIZED.values()}, "row, f16, x, buf", "np.float32(0.0)")
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -122,9 +61,9 @@ def matvec(w, code, f16, x, out):
     d = w.shape[0]
     n_chunks = min(d, 64)
     for c in prange(n_chunks):
-        buf = np.empty(256, dtype=np.float32)
+        buf = np.empty(256, dtype=np.float32)  # a block's values, for formats without a fused dot
         for r in range(c * d // n_chunks, (c + 1) * d // n_chunks):
-            out[r] = _dot_row(w[r], code, f16, x, buf)
+            out[r] = _dot_row(code, w[r], f16, x, buf)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -133,17 +72,17 @@ def matvec_rows(w, code, f16, x, rows, out):
     k = rows.shape[0]
     for i in prange(k):
         buf = np.empty(256, dtype=np.float32)
-        out[i] = _dot_row(w[rows[i]], code, f16, x, buf)
+        out[i] = _dot_row(code, w[rows[i]], f16, x, buf)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def dequantize_rows(w, code, f16, r0, out):
     """W[r0 : r0 + k] (k, n) -> out (k, n) float32."""
     for i in prange(out.shape[0]):
-        _deq_row(w[r0 + i], code, f16, out[i])
+        _deq_row(code, w[r0 + i], f16, out[i])
 
 
 @njit(cache=True, nogil=True)
 def dequantize_row(w, code, f16, r, out):
     """W[r] -> out (n,): one row, serial (embedding lookups)."""
-    _deq_row(w[r], code, f16, out)
+    _deq_row(code, w[r], f16, out)

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from engine import runtime
-from engine.kernels import cpu, simd
+from engine.formats import QUANTIZED
+from engine.kernels import simd
 from engine.runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, kernel_isa
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def test_instruction_set_for_each_feature_set(features: set[str], isa: str) -> N
 
 
 def test_each_kernel_set_lays_each_format_out_for_its_instructions() -> None:
-    pair, quad = sorted(cpu.BLOCK.keys() - simd.QUAD_CODES), sorted(simd.QUAD_CODES)
+    codes = {f.code for f in QUANTIZED.values()}
+    pair, quad = sorted(codes - simd.QUAD_CODES), sorted(simd.QUAD_CODES)
     expect = {  # isa: (L, W) of the pair formats, of the quad formats
         AVX512_VNNI: ((32, 2), (16, 4)),
         AVX_VNNI: ((16, 2), (8, 4)),
@@ -61,7 +63,7 @@ def test_each_kernel_set_lays_each_format_out_for_its_instructions() -> None:
         ks = simd.kernel_set(isa)
         assert [ks.layout(c) for c in pair] == [pair_layout] * len(pair), isa
         assert [ks.layout(c) for c in quad] == [quad_layout] * len(quad), isa
-        for c in cpu.BLOCK:  # a register holds L rows of W bytes; the 64-row group is whole chunks
+        for c in codes:  # a register holds L rows of W bytes; the 64-row group is whole chunks
             lanes, width = ks.layout(c)
             assert lanes * width == ks.vector_bytes and simd.ROWS % lanes == 0
     with pytest.raises(ValueError, match="sse9"):

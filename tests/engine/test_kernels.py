@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from engine.formats.fields import F16_TABLE
 from engine.gguf_file import open_gguf
 from engine.kernels import (
     PACKED_TYPES,
@@ -29,7 +30,6 @@ from engine.kernels import (
     packed,
     pages,
 )
-from engine.kernels.blocks import F16_TABLE
 
 # Byte offsets of the half-float scale fields in each block, so synthetic blocks get finite scales.
 HALF_FIELDS = {

@@ -1,0 +1,365 @@
+"""The toolkit the SIMD block kernels are written with: LLVM vector IR emitted from Python, per instruction set.
+
+Each format's emitters (<type>.py here) build their kernel from the `Emitter` below; engine/kernels/simd.py
+turns them into intrinsics Numba calls like functions. The packed layout (engine/kernels/packed.py) stores, for
+L rows at a time (one register), W consecutive bytes of each row side by side: byte k of a block, for row l of
+an L-row chunk, is at q[g, b, c, k // W, l, k % W]. So one register load is L rows x W consecutive bytes, and
+the activations (x[k], .., x[k+W-1]) broadcast to every row feed the multiply directly:
+
+- W = 2 (PAIRS): pmaddubsw (u8 x s8 -> adjacent pairs summed to s16), AVX2 (L = 16) or AVX-512BW (L = 32).
+- W = 4 (QUADS): vpdpbusd (u8 x s8 -> 4 products summed into an s32 accumulator, no 16-bit step), AVX-512
+  VNNI (L = 16) or AVX-VNNI (L = 8). Only some formats have a quad emitter; the others keep pairs.
+
+The `KernelSet` names the instructions (and so each format's layout); the Emitter's primitives (`maddubs`,
+`pmaddwd`, `dpbusd`, `halves`) pick the instruction for it, or emit the same arithmetic as plain vector IR where
+the set lacks it (exact too, slower).
+
+An emitter handles one block of all ROWS rows of a group, L rows at a time, and adds its float32 results to
+`acc` (ROWS,). Its arguments are LLVM values: flat arrays and element offsets computed by the caller:
+
+    q     uint8   flat packed bytes; qo: offset of this block (q[g, b, 0, 0, 0, 0])
+    s     uint16  flat packed half-floats; so: offset of s[g, b, 0, 0]
+    xq    int8    flat quantized activations; a token's xo: offset of this block's first value
+    dx    float32 activation scales per 32; xsum int32 (n/32, 2) flat: sums of xq per 16; a token's xb: first 32-block
+
+and a list of tokens (`Token`): prefill runs TILE tokens per call, each block's bytes loaded and decoded once for
+all of them (pair kernels read xq2, which holds every activation pair twice, so a pair is one 32-bit broadcast
+load; see `xpair`). An emitter is written once for the list: a chunk's weight bytes are loaded and decoded once
+and multiplied with every token's activations, each token adding into its own sums, with the same float
+operations in the same order for any number of tokens: the multi-token kernels give the one-token results bit
+for bit.
+
+Integer sums are exact; the bounds that keep the 16-bit partial sums from saturating are noted at each pair
+emitter (vpdpbusd has no 16-bit step). Every kernel set computes the same integer sums per row and block, and
+the same float32 operations on them in the same order: the results are bit for bit the same on every CPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+
+from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE
+from .fields import ROWS
+
+# Tokens per multi-token kernel call. YMM registers (16 on AVX2) bound the tile: a token holds one or two 16-bit
+# accumulators and one 32-bit one (two registers) live in the inner loop, besides the decoded bytes and the masks.
+# TILE = 4 measured faster than 2 for every format (Zen 3); so did 4 tokens sharing one decode for Q4_K and Q6_K,
+# against two passes of 2.
+TILE = 4
+PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpbusd
+
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32 = ir.HalfType(), ir.FloatType()
+
+_VPDPBUSD = {(AVX512_VNNI, 16): "llvm.x86.avx512.vpdpbusd.512", (AVX_VNNI, 8): "llvm.x86.avx512.vpdpbusd.256"}
+# instruction set: (rows per register of pairs, pmaddubsw's LLVM intrinsic)
+_PMADDUBSW = {
+    AVX512_VNNI: (32, "llvm.x86.avx512.pmaddubs.w.512"),
+    AVX512_BW: (32, "llvm.x86.avx512.pmaddubs.w.512"),
+    AVX_VNNI: (16, "llvm.x86.avx2.pmadd.ub.sw"),
+    AVX2: (16, "llvm.x86.avx2.pmadd.ub.sw"),
+}
+
+
+@dataclass(frozen=True)
+class KernelSet:
+    """The instructions the block kernels are emitted with, and so each format's packed layout."""
+
+    isa: str  # engine.runtime's name: AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2 or PORTABLE
+    vector_bytes: int  # one register: 64 (zmm) or 32 (ymm; plain vector IR for PORTABLE)
+    quad_codes: frozenset[int]  # formats packed in quads for vpdpbusd; the others in pairs
+    f16c: bool  # half -> float in one instruction (vcvtph2ps); else integer bit moves
+
+    def layout(self, code: int) -> tuple[int, int]:
+        """(L rows per register, W bytes of a row side by side) of format `code`'s packed q."""
+        width = QUADS if code in self.quad_codes else PAIRS
+        return self.vector_bytes // width, width
+
+
+def vt(elt: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(elt, n)
+
+
+def splat_const(elt: ir.Type, n: int, value) -> ir.Constant:
+    return ir.Constant(vt(elt, n), [value] * n)
+
+
+@dataclass(frozen=True)
+class Token:
+    """Where one token's operands are: xo, xb as in the module docstring, ao the offset of its ROWS results in acc."""
+
+    xo: ir.Value
+    xb: ir.Value
+    ao: int
+    doubled: bool = False  # xq holds every pair twice (`xpair`)
+
+
+class Emitter:
+    """Small helpers over an IRBuilder, for the kernels below: L rows per register, W bytes of each."""
+
+    def __init__(self, context, builder, signature, args, qb: int, code: int, kernels: KernelSet):
+        self.b = builder
+        self.k = kernels
+        self.L, self.W = kernels.layout(code)
+        self.chunk_bytes = qb * self.L  # bytes of one L-row chunk of a block
+        self.vals = []
+        for ty, a in zip(signature.args, args, strict=True):
+            if isinstance(ty, types.Array):
+                self.vals.append(context.make_array(ty)(context, builder, a).data)
+            elif isinstance(ty, types.Integer) and ty.bitwidth != 64:
+                self.vals.append(builder.sext(a, I64) if ty.signed else builder.zext(a, I64))
+            else:
+                self.vals.append(a)
+
+    def at(self, base, k: int):
+        return self.b.add(base, ir.Constant(I64, k)) if k else base
+
+    @contextmanager
+    def chunks(self):
+        """Loop over the ROWS / L slices of the group (a loop, not unrolled: it keeps compiles short)."""
+        with cgutils.for_range(self.b, ir.Constant(I64, ROWS // self.L)) as loop:
+            yield loop.index
+
+    def zero16(self):
+        return splat_const(I16, self.L, 0)
+
+    def zero32(self):
+        return splat_const(I32, self.L, 0)
+
+    def qvec(self, q, qo, c, j: int):
+        """<L*W x i8>: bytes W*j .. W*j + W-1 of the L rows of chunk c (q[g, b, c, j, :, :])."""
+        off = self.b.add(self.at(qo, j * self.W * self.L), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
+        return self.load(q, off, I8, self.W * self.L)
+
+    def qpair(self, q, qo, c, jp: int):
+        """<2L x i8>: byte pair jp of the L rows of chunk c (pair layout)."""
+        return self.qvec(q, qo, c, jp)
+
+    def qpair16(self, q, qo, c, jp: int):
+        """The same as L little-endian 16-bit words."""
+        return self.b.bitcast(self.qpair(q, qo, c, jp), vt(I16, self.L))
+
+    def qquad32(self, q, qo, c, jq: int):
+        """Quad jq of the L rows as L little-endian 32-bit words (quad layout)."""
+        return self.b.bitcast(self.qvec(q, qo, c, jq), vt(I32, self.L))
+
+    def rows(self, base, c, k: int = 0):
+        """Offset of field k (k * ROWS) of chunk c's rows in an s-like array."""
+        return self.b.add(self.at(base, k * ROWS), self.b.mul(c, ir.Constant(I64, self.L)))
+
+    def load(self, ptr, off, elt: ir.Type, n: int):
+        p = self.b.bitcast(self.b.gep(ptr, [off]), vt(elt, n).as_pointer())
+        return self.b.load(p, align=1)
+
+    def load_scalar(self, ptr, off):
+        return self.b.load(self.b.gep(ptr, [off]))
+
+    def store(self, ptr, off, v):
+        p = self.b.bitcast(self.b.gep(ptr, [off]), v.type.as_pointer())
+        self.b.store(v, p, align=1)
+
+    def splat(self, scalar, n: int):
+        t = vt(scalar.type, n)
+        v = self.b.insert_element(ir.Constant(t, ir.Undefined), scalar, ir.Constant(I32, 0))
+        return self.b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(vt(I32, n), [0] * n))
+
+    def shuffle(self, v, idx: list[int]):
+        return self.b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(vt(I32, len(idx)), idx))
+
+    def concat(self, a, c):
+        n = a.type.count
+        return self.b.shuffle_vector(a, c, ir.Constant(vt(I32, 2 * n), list(range(2 * n))))
+
+    def pair(self, xq, off):
+        """The bytes (xq[off], xq[off + 1]) repeated for L rows: <2L x i8>."""
+        p = self.b.bitcast(self.b.gep(xq, [off]), I16.as_pointer())
+        return self.b.bitcast(self.splat(self.b.load(p, align=1), self.L), vt(I8, 2 * self.L))
+
+    def xpair(self, xq, tok: Token, k: int):
+        """Token tok's activation pair (k, k + 1) of its block, repeated for L rows: <2L x i8>.
+
+        With tok.doubled, xq holds each pair twice (4 bytes, value k at byte 2k) and one 32-bit broadcast
+        load fetches it: no shuffle, as the 16-bit broadcast of `pair` takes.
+        """
+        off = self.at(tok.xo, k)
+        if not tok.doubled:
+            return self.pair(xq, off)
+        p = self.b.bitcast(self.b.gep(xq, [self.b.mul(off, ir.Constant(I64, 2))]), I32.as_pointer())
+        return self.b.bitcast(self.splat(self.b.load(p, align=1), self.L // 2), vt(I8, 2 * self.L))
+
+    def xquad(self, xq, tok: Token, k: int):
+        """Token tok's activations k .. k + 3 of its block, repeated for L rows: <4L x i8> (quad layout)."""
+        p = self.b.bitcast(self.b.gep(xq, [self.at(tok.xo, k)]), I32.as_pointer())
+        return self.b.bitcast(self.splat(self.b.load(p, align=1), self.L), vt(I8, 4 * self.L))
+
+    def nibbles(self, v, high: bool):
+        """Low or high nibble of every byte of v <n x i8>."""
+        n = v.type.count
+        if high:  # no byte shift on x86: shift the 16-bit lanes, then mask
+            v = self.b.bitcast(self.b.lshr(self.b.bitcast(v, vt(I16, n // 2)), splat_const(I16, n // 2, 4)), v.type)
+        return self.b.and_(v, splat_const(I8, n, 15))
+
+    def bits16(self, h, shift: int, mask: int):
+        """(h << shift) & mask per 16-bit lane for shift >= 0, (h >> -shift) & mask otherwise; as <2L x i8>."""
+        if shift > 0:
+            h = self.b.shl(h, splat_const(I16, self.L, shift))
+        elif shift < 0:
+            h = self.b.lshr(h, splat_const(I16, self.L, -shift))
+        return self.b.bitcast(self.b.and_(h, splat_const(I16, self.L, mask)), vt(I8, 2 * self.L))
+
+    def bits32(self, h, shift: int, mask: int):
+        """bits16 for the quad layout: per 32-bit lane, as <4L x i8>."""
+        if shift > 0:
+            h = self.b.shl(h, splat_const(I32, self.L, shift))
+        elif shift < 0:
+            h = self.b.lshr(h, splat_const(I32, self.L, -shift))
+        return self.b.bitcast(self.b.and_(h, splat_const(I32, self.L, mask)), vt(I8, 4 * self.L))
+
+    def byte_of(self, w32, i: int, signed: bool):
+        """Byte i of every 32-bit lane of w32 <L x i32>, zero- or sign-extended to i32."""
+        if signed:
+            return self.b.ashr(self.b.shl(w32, splat_const(I32, self.L, 24 - 8 * i)), splat_const(I32, self.L, 24))
+        if i:
+            w32 = self.b.lshr(w32, splat_const(I32, self.L, 8 * i))
+        return self.b.and_(w32, splat_const(I32, self.L, 255))
+
+    def _intrinsic(self, name: str, ret: ir.Type, args: list[ir.Type]):
+        fn = self.b.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.b.module, ir.FunctionType(ret, args), name)
+        return fn
+
+    def maddubs(self, a, x):
+        """<2L x i8> unsigned a, signed x -> <L x i16>: a[2i]x[2i] + a[2i+1]x[2i+1], saturated (pmaddubsw)."""
+        n = self.L
+        lanes, name = _PMADDUBSW.get(self.k.isa, (0, ""))
+        if n == lanes:
+            return self.b.call(self._intrinsic(name, vt(I16, n), [vt(I8, 2 * n)] * 2), [a, x])
+        t32 = vt(I32, n)
+        even, odd = list(range(0, 2 * n, 2)), list(range(1, 2 * n, 2))
+        p = self.b.add(
+            self.b.mul(self.b.zext(self.shuffle(a, even), t32), self.b.sext(self.shuffle(x, even), t32)),
+            self.b.mul(self.b.zext(self.shuffle(a, odd), t32), self.b.sext(self.shuffle(x, odd), t32)),
+        )
+        lo, hi = splat_const(I32, n, -32768), splat_const(I32, n, 32767)
+        p = self.b.select(self.b.icmp_signed(">", p, lo), p, lo)
+        p = self.b.select(self.b.icmp_signed("<", p, hi), p, hi)
+        return self.b.trunc(p, vt(I16, n))
+
+    def pmaddwd(self, a, x):
+        """<n x i16> a, x -> <n/2 x i32>: a[2i]x[2i] + a[2i+1]x[2i+1] (pmaddwd; cannot overflow)."""
+        n = a.type.count
+        name = None
+        if self.k.isa != PORTABLE and n == 16:
+            name = "llvm.x86.avx2.pmadd.wd"
+        elif self.k.isa in (AVX512_BW, AVX512_VNNI) and n == 32:
+            name = "llvm.x86.avx512.pmaddw.d.512"
+        if name is not None:
+            return self.b.call(self._intrinsic(name, vt(I32, n // 2), [vt(I16, n)] * 2), [a, x])
+        t32 = vt(I32, n // 2)
+        even, odd = list(range(0, n, 2)), list(range(1, n, 2))
+        return self.b.add(
+            self.b.mul(self.b.sext(self.shuffle(a, even), t32), self.b.sext(self.shuffle(x, even), t32)),
+            self.b.mul(self.b.sext(self.shuffle(a, odd), t32), self.b.sext(self.shuffle(x, odd), t32)),
+        )
+
+    def dpbusd(self, acc, a, x):
+        """acc <L x i32> + the sums of 4 products of unsigned a, signed x <4L x i8> per lane (vpdpbusd)."""
+        n = self.L
+        name = _VPDPBUSD.get((self.k.isa, n))
+        if name is not None:
+            t = vt(I32, n)
+            fn = self._intrinsic(name, t, [t, t, t])
+            return self.b.call(fn, [acc, self.b.bitcast(a, t), self.b.bitcast(x, t)])
+        t32 = vt(I32, n)
+        for j in range(4):
+            idx = list(range(j, 4 * n, 4))
+            prod = self.b.mul(self.b.zext(self.shuffle(a, idx), t32), self.b.sext(self.shuffle(x, idx), t32))
+            acc = self.b.add(acc, prod)
+        return acc
+
+    def by_parity(self, v16):
+        """<L x i16> per-row factors -> (even rows', odd rows'), the other lanes zeroed: for `scaled_sums`."""
+        n = self.L
+        z = splat_const(I16, n, 0)
+        even = [r if r % 2 == 0 else n + r for r in range(n)]
+        odd = [n + r if r % 2 == 0 else r for r in range(n)]
+        sel = self.b.shuffle_vector
+        return sel(v16, z, ir.Constant(vt(I32, n), even)), sel(v16, z, ir.Constant(vt(I32, n), odd))
+
+    def scaled_sums(self, acc16, factor):
+        """acc16 <L x i16> times a per-row factor (`by_parity`), widened: <L x i32> in parity order.
+
+        Parity order holds rows 0, 2, ..., L-2, then 1, 3, ..., L-1: pmaddwd multiplies and widens in one
+        instruction, against the three of a widening alone. `from_parity` restores row order.
+        """
+        return self.concat(self.pmaddwd(acc16, factor[0]), self.pmaddwd(acc16, factor[1]))
+
+    def from_parity(self, v):
+        """<L x ...> in parity order -> row order."""
+        n = self.L
+        return self.shuffle(v, [r // 2 + (n // 2) * (r % 2) for r in range(n)])
+
+    def widen(self, v16):
+        return self.b.sext(v16, vt(I32, self.L))
+
+    def even_odd_bytes(self, v):
+        """<2L x i8> of L rows' byte pairs -> (first bytes, second bytes), each <L x i8>."""
+        n = 2 * self.L
+        return self.shuffle(v, list(range(0, n, 2))), self.shuffle(v, list(range(1, n, 2)))
+
+    def halves(self, s, off):
+        """L rows' half-floats at s[off] as <L x float>: vcvtph2ps with F16C, else exact integer moves."""
+        n = self.L
+        h = self.load(s, off, I16, n)
+        if self.k.f16c:
+            return self.b.fpext(self.b.bitcast(h, vt(F16, n)), vt(F32, n))
+        b = self.b
+        v = b.zext(h, vt(I32, n))  # as fields.h2f: sign and magnitude moved into place, times 2**112
+        mag = b.shl(b.and_(v, splat_const(I32, n, 0x7FFF)), splat_const(I32, n, 13))
+        bits = b.or_(mag, b.shl(b.and_(v, splat_const(I32, n, 0x8000)), splat_const(I32, n, 16)))
+        finite = b.fmul(b.bitcast(bits, vt(F32, n)), splat_const(F32, n, 2.0**112))
+        special = b.bitcast(b.or_(bits, splat_const(I32, n, 0x7F800000)), vt(F32, n))
+        exp31 = b.icmp_unsigned("==", b.and_(v, splat_const(I32, n, 0x7C00)), splat_const(I32, n, 0x7C00))
+        return b.select(exp31, special, finite)
+
+    def fsplat(self, f):
+        return self.splat(f, self.L)
+
+    def to_float(self, i32v):
+        return self.b.sitofp(i32v, vt(F32, self.L))
+
+    def add_to_acc(self, acc, tok: Token, c, v):
+        """acc[tok.ao + Lc : tok.ao + Lc + L] += v."""
+        off = self.at(self.b.mul(c, ir.Constant(I64, self.L)), tok.ao)
+        self.store(acc, off, self.b.fadd(self.load(acc, off, F32, self.L), v))
+
+
+def xsum32(e: Emitter, xsum, xb):
+    """Sum of xq over the 32-block xb (two 16-sums), as i32."""
+    i = e.b.mul(xb, ir.Constant(I64, 2))
+    return e.b.add(e.load_scalar(xsum, i), e.load_scalar(xsum, e.at(i, 1)))
+
+
+def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
+    """Per token, sum over (v, k) in quads of vpdpbusd(v, x̂[k : k + 4]): <L x i32>.
+
+    vpdpbusd adds into its accumulator (4-5 cycles a step): four accumulators per token take turns, so that
+    consecutive ones do not wait on each other.
+    """
+    n_acc = min(4, len(quads))
+    accs = [[e.zero32()] * n_acc for _ in toks]
+    for n, (v, k) in enumerate(quads):
+        for i, t in enumerate(toks):
+            accs[i][n % n_acc] = e.dpbusd(accs[i][n % n_acc], v, e.xquad(xq, t, k))
+    out = []
+    for a in accs:
+        while len(a) > 1:  # a pairwise tree: exact in integers, whatever the order
+            a = [e.b.add(a[j], a[j + 1]) if j + 1 < len(a) else a[j] for j in range(0, len(a), 2)]
+        out.append(a[0])
+    return out

@@ -1,0 +1,56 @@
+"""What a format module declares: its `Format` record, which the registry (this package's __init__) reads.
+
+Modelled on gguf-py's quants.py (one class per type, registered by its type) and ggml's `type_traits`: the
+kernels never name a type; they run whatever the records provide, through dispatch the registry generates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+
+Kernel = Any  # a Numba dispatcher (njit, inline="always")
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a block is regrouped for the packed kernels (engine/kernels/packed.py): its q bytes and s fields."""
+
+    quant_bytes: int  # QB: bytes per block in q
+    copies: tuple[tuple[int, int, int], ...]  # (raw offset, q offset, count): bytes moved as they are
+    halves: tuple[int, ...]  # raw offsets of the 16-bit fields moved to s (half-float scales, Q5's qh)
+    # repack(row, o, q, s, g, b, r): the fields not moved as they are, for row g*ROWS + r (its file bytes row,
+    # block at o) into block b, after the copies; unpack(q, s, g, b, r, out, o): their inverse into out[o:].
+    repack: Kernel | None = None
+    unpack: Kernel | None = None
+
+
+@dataclass(frozen=True)
+class Format:
+    """One ggml type: its layout (from gguf), its decoders, and for block formats its CPU kernels."""
+
+    type: T
+    decode: Callable[..., Any]  # decode(xp, b uint8 (n, block_bytes)) -> float32 (n, block): any array module
+    deq: Kernel | None = None  # deq(row, o, f16, out, p): the block at row[o:] -> out[p : p + block]
+    dot: Kernel | None = None  # dot(row, o, f16, x, p) -> sum(block * x[p:]); None: via deq
+    packing: Packing | None = None
+    group: Kernel | None = None  # group(q, s, g, xq, dx, xsum, acc): the packed kernel as plain loops
+    emitters: Mapping[int, Callable[..., None]] = field(default_factory=dict)  # W (emit.PAIRS, QUADS) -> emitter
+
+    @property
+    def code(self) -> int:
+        """ggml's type id, as the compiled kernels take it."""
+        return int(self.type)
+
+    @property
+    def block(self) -> int:
+        """Values per block."""
+        return GGML_QUANT_SIZES[self.type][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return GGML_QUANT_SIZES[self.type][1]
