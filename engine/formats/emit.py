@@ -349,10 +349,11 @@ def xsum32(e: Emitter, xsum, xb):
 def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
     """Per token, sum over (v, k) in quads of vpdpbusd(v, x̂[k : k + 4]): <L x i32>.
 
-    vpdpbusd adds into its accumulator (4-5 cycles a step): four accumulators per token take turns, so that
-    consecutive ones do not wait on each other.
+    vpdpbusd adds into its accumulator (4-5 cycles a step): four chains of accumulators take turns, so that
+    consecutive steps do not wait on each other. Several tokens are several chains already: four tokens with
+    four accumulators each would hold 16 registers and spill.
     """
-    n_acc = min(4, len(quads))
+    n_acc = max(1, min(4, len(quads)) // len(toks))
     accs = [[e.zero32()] * n_acc for _ in toks]
     for n, (v, k) in enumerate(quads):
         for i, t in enumerate(toks):
