@@ -68,6 +68,8 @@ def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | Non
 
 os.environ.update(wait_policy(os.environ, _busy_cores))  # before libgomp loads, at the first parallel launch
 
+from numba import get_num_threads  # noqa: E402
+
 from ..formats import FORMATS, bf16, f16, f32  # noqa: E402
 from ..formats import QUANTIZED as _BLOCK_FORMATS  # noqa: E402
 from ..formats.fields import F16_TABLE  # noqa: E402
@@ -392,7 +394,7 @@ class DecodeLayer:
         """x (d,) float32 in place; kc, vc (n_kv, rows, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
         decode.layer(
             x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
-            vc.view(np.uint16), cos, sin, self._shape, self._consts, PARALLEL_MIN_BYTES,
+            vc.view(np.uint16), cos, sin, self._shape, self._consts, PARALLEL_MIN_BYTES, get_num_threads(),
         )  # fmt: skip
 
 
@@ -455,13 +457,12 @@ def causal_attention(
     kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
     if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
         out = np.empty((1, n_head * hd), dtype=np.float32)
-        attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, out[0])
+        threads = get_num_threads()
+        attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, threads, out[0])
         return out
     fn = blas_sgemm_address()
     if fn:
         out = np.empty((t, n_head * hd), dtype=np.float32)
-        from numba import get_num_threads  # noqa: PLC0415 (after the OpenMP settings above)
-
         threads = get_num_threads()
         attention.attend_causal(fn, q, kc16, vc16, start, scale, window, softcap, threads, out)
         return out

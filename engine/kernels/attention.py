@@ -124,54 +124,83 @@ def first_key(pos, window):
     return max(0, pos - window + 1) if window > 0 else 0
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, out):
+# Below this many query·key multiply-adds (positions x query heads x head size) one decode step's attention
+# runs on the calling thread: a parallel launch costs a few microseconds, what ~30k multiply-adds take.
+_PARALLEL_ATTEND_MIN = 1 << 17
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, threads, out):
     """One query per head, at position pos, over the cached positions it sees (first_key(pos, window)..pos).
 
     q (n_head·hd,); kc, vc (n_kv, rows, hd) float16 bit patterns (uint16), position p in row p % rows ->
     out (n_head·hd,). Scores are scale · q·k, soft-capped when softcap > 0. Query head h reads kv head
-    h // (n_head/n_kv); the heads sharing a kv head are done together, so each cached row is read once.
+    h // (n_head/n_kv).
+
+    Long contexts run on `threads` threads: one item per kv head, or, where the kv heads do not share evenly
+    between the threads, per part of a kv head's query heads. Each head's arithmetic is the same either way
+    (`attend_heads`), so the result does not depend on the split.
     """
-    n_kv, rows, hd = kc.shape
+    n_kv, hd = kc.shape[0], kc.shape[2]
     group = n_head // n_kv
+    n_pos = pos + 1 - first_key(pos, window)
+    if threads == 1 or n_pos * n_head * hd < _PARALLEL_ATTEND_MIN:
+        for kv in range(n_kv):
+            attend_heads(q, kc[kv], vc[kv], kv * group, group, pos, scale, window, softcap, out)
+        return
+    splits = 1 if n_kv % threads == 0 else min(group, threads)
+    for item in prange(n_kv * splits):
+        kv, part = item // splits, item % splits
+        g0, g1 = part * group // splits, (part + 1) * group // splits
+        attend_heads(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, pos, scale, window, softcap, out)
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out):
+    """`attend_one` for the n_g query heads h0 .. h0 + n_g - 1, which read one kv head: kc, vc (rows, hd).
+    Each cached row is read once for all of them.
+
+    The loops index slices (a row of the cache, a head of q) with their own loop counters: an index Numba
+    cannot prove non-negative gets a wrap-around check, which keeps the loop from vectorizing (6x slower).
+    """
+    rows, hd = kc.shape
     lo = first_key(pos, window)
     n_pos = pos + 1 - lo
     scale = np.float32(scale)
     cap = np.float32(softcap)
-    scores = np.empty((group, n_pos), dtype=np.float32)  # (group, n_pos)
-    acc = np.empty((group, hd), dtype=np.float32)  # (group, hd)
-    for kv in range(n_kv):
-        h0 = kv * group
-        for p in range(n_pos):
-            row = (lo + p) % rows
-            for g in range(group):
-                s = np.float32(0.0)
-                for i in range(hd):
-                    s += q[(h0 + g) * hd + i] * half_to_float(kc[kv, row, i])
-                s *= scale
-                scores[g, p] = soft_cap(s, cap) if cap > 0 else s
-        for g in range(group):  # softmax over positions
-            top = np.float32(-np.inf)
-            for p in range(n_pos):
-                top = max(top, scores[g, p])
-            total = np.float32(0.0)
-            for p in range(n_pos):
-                e = exp_nonpositive(scores[g, p] - top)
-                scores[g, p] = e
-                total += e
-            inv = np.float32(1.0) / total
-            for p in range(n_pos):
-                scores[g, p] *= inv
-        acc[:] = 0.0
-        for p in range(n_pos):
-            row = (lo + p) % rows
-            for g in range(group):
-                wp = scores[g, p]
-                for i in range(hd):
-                    acc[g, i] += wp * half_to_float(vc[kv, row, i])
-        for g in range(group):
+    qh = q[h0 * hd : (h0 + n_g) * hd].reshape(n_g, hd)  # (n_g, hd)
+    scores = np.empty((n_g, n_pos), dtype=np.float32)  # (n_g, n_pos)
+    for p in range(n_pos):
+        krow = kc[(lo + p) % rows]
+        for g in range(n_g):
+            qg = qh[g]
+            s = np.float32(0.0)
             for i in range(hd):
-                out[(h0 + g) * hd + i] = acc[g, i]
+                s += qg[i] * half_to_float(krow[i])
+            s *= scale
+            scores[g, p] = soft_cap(s, cap) if cap > 0 else s
+    for g in range(n_g):  # softmax over positions
+        sg = scores[g]
+        top = np.float32(-np.inf)
+        for p in range(n_pos):
+            top = max(top, sg[p])
+        total = np.float32(0.0)
+        for p in range(n_pos):
+            e = exp_nonpositive(sg[p] - top)
+            sg[p] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for p in range(n_pos):
+            sg[p] *= inv
+    acc = np.zeros((n_g, hd), dtype=np.float32)  # (n_g, hd)
+    for p in range(n_pos):
+        vrow = vc[(lo + p) % rows]
+        for g in range(n_g):
+            wp = scores[g, p]
+            ag = acc[g]
+            for i in range(hd):
+                ag[i] += wp * half_to_float(vrow[i])
+    out[h0 * hd : (h0 + n_g) * hd] = acc.reshape(-1)
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath=True)

@@ -48,8 +48,9 @@ def _exp_all(x, out):
         out[i] = attention_kernels.exp_nonpositive(x[i])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n_pos", [1, 7, 300])
-def test_attend_matches_reference_attention(n_pos: int) -> None:
+def test_attend_matches_reference_attention(n_pos: int, threads: int) -> None:
     rng = np.random.default_rng(n_pos)
     n_head, n_kv, hd, n_ctx = 9, 3, 64, 320
     q = rng.standard_normal(n_head * hd).astype(np.float32)
@@ -57,10 +58,31 @@ def test_attend_matches_reference_attention(n_pos: int) -> None:
     vc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16)
     out = np.empty(n_head * hd, dtype=np.float32)
     scale = float(1 / np.sqrt(hd))
-    attention_kernels.attend_one(q, kc.view(np.uint16), vc.view(np.uint16), n_pos - 1, n_head, scale, 0, 0.0, out)
+    attention_kernels.attend_one(
+        q, kc.view(np.uint16), vc.view(np.uint16), n_pos - 1, n_head, scale, 0, 0.0, threads, out
+    )
     k32, v32 = kc[:, :n_pos].astype(np.float32), vc[:, :n_pos].astype(np.float32)
     ref = attention(q.reshape(1, n_head, hd), k32, v32, n_pos - 1)[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(12, 2, 128), (4, 1, 256), (9, 3, 64)])
+def test_attend_on_several_threads_gives_the_serial_result_bit_for_bit(n_head: int, n_kv: int, hd: int) -> None:
+    """Long contexts split the heads between threads (per kv head, or per part of one's query heads): each
+    head's arithmetic must not change, whatever the split, the window or the soft-cap."""
+    rng = np.random.default_rng(n_head)
+    n_ctx = 1200
+    q = rng.standard_normal(n_head * hd).astype(np.float32)
+    kc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16).view(np.uint16)
+    vc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16).view(np.uint16)
+    for pos, window, cap in [(1100, 0, 0.0), (1100, 512, 0.0), (700, 0, 50.0)]:
+        assert (pos + 1 - max(0, pos - window + 1) if window else pos + 1) * n_head * hd >= 1 << 17  # parallel
+        outs = []
+        for threads in (1, 2, 3):
+            out = np.empty(n_head * hd, dtype=np.float32)
+            attention_kernels.attend_one(q, kc, vc, pos, n_head, 0.1, window, cap, threads, out)
+            outs.append(out)
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("parallel_blas", [True, False], ids=["sgemm-in-kernel", "numpy-fallback"])
