@@ -7,13 +7,15 @@ uploaded once, here, and run there (engine.gpu); the rest stay on the CPU.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable
 
+from . import prompt_compile
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
 from .footprint import install_numba_savings, release_free_heap
-from .gguf_file import open_gguf
+from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
 from .runtime import KERNEL_CACHE_DIR, compile_progress, compile_target, configure_threads, kernel_isa, kernels_compiled
@@ -37,6 +39,7 @@ def load_model(
     progress: Callable[[str], None] | None = None,
     device: str = "cpu",
     gpu_layers: int = -1,
+    compile_kernels: bool = True,
 ) -> Model:
     """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages.
 
@@ -45,6 +48,8 @@ def load_model(
     "gpu" means "cuda". "numpy" runs the device code path on NumPy arrays on the CPU, for tests.
     gpu_layers: as llama.cpp's -ngl. 0..n_layer: that many leading layers on the device, the output head on
     the CPU; -1 (the default), or n_layer + 1 and more: every layer and the output head.
+    compile_kernels: run both kernel paths once before returning, compiling them on a first start (the prompt
+    path in a second process, engine.prompt_compile). False leaves them to the first use.
     """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -74,6 +79,29 @@ def load_model(
             f"a context of {n_ctx} tokens needs {cache_bytes / 2**30:.1f} GiB of KV cache, "
             f"more than half of this machine's memory"
         )
+    first_start = compile_kernels and not kernels_compiled()
+    helper = prompt_compile.start(path) if first_start else None  # meanwhile: the tokenizer, the one-token path
+    try:
+        model = _bind(file, cfg, n_ctx, n_threads, warnings, say)
+        if why_not:
+            warnings.append(why_not)
+        if backend is not None:
+            say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
+            offload_for(model, backend, gpu_layers)
+            model.device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
+        if compile_kernels:
+            _compile(model, helper, first_start, say)
+    finally:
+        prompt_compile.stop(helper)
+    release_free_heap()  # what loading parsed and dropped
+    model.load_s = time.perf_counter() - t0
+    return model
+
+
+def _bind(
+    file: GGUFFile, cfg: ModelConfig, n_ctx: int, n_threads: int, warnings: list[str], say: Callable[[str], None]
+) -> Model:
+    """The tokenizer and the weights bound into a Model (on the CPU)."""
     say("building tokenizer")
     from .tokenizer import Tokenizer  # noqa: PLC0415 (keeps `import engine` light)
 
@@ -89,22 +117,20 @@ def load_model(
     model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
     model.warnings = warnings
     model.device = "cpu"
-    if why_not:
-        warnings.append(why_not)
-    if backend is not None:
-        say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
-        offload_for(model, backend, gpu_layers)
-        model.device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
-    if kernels_compiled():
+    return model
+
+
+def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, say: Callable[[str], None]) -> None:
+    """Run the one-token and the prompt path once: kernels load from the cache, or compile on a first start."""
+    if not first_start:
         say("loading kernels")
     else:
-        say(f"compiling kernels for {kernel_isa(compile_target(os.environ)[1])}: first start only, a few minutes")
+        beside = " (the prompt path in a second process)" if helper is not None else ""
+        say(f"compiling kernels for {kernel_isa(compile_target(os.environ)[1])}{beside}: first start only")
     with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
         t1 = time.perf_counter()
         model.logits([0])  # the one-token (matvec) path
+        prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
         model.logits([0, 0])  # the prompt (tiled matmul) path
-    if compiled():
+    if compiled() or helper is not None:
         say(f"{compiled()} kernels compiled in {time.perf_counter() - t1:.0f} s; later starts load them")
-    release_free_heap()  # what loading parsed and dropped
-    model.load_s = time.perf_counter() - t0
-    return model

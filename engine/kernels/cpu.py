@@ -80,9 +80,3 @@ def dequantize_rows(w, code, f16, r0, out):
     """W[r0 : r0 + k] (k, n) -> out (k, n) float32."""
     for i in prange(out.shape[0]):
         _deq_row(code, w[r0 + i], f16, out[i])
-
-
-@njit(cache=True, nogil=True)
-def dequantize_row(w, code, f16, r, out):
-    """W[r] -> out (n,): one row, serial (embedding lookups)."""
-    _deq_row(code, w[r], f16, out)

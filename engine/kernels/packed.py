@@ -339,10 +339,3 @@ def dequantize_rows(q, s, code, block_bytes, copies, halves, f16, r0, out):
         buf = np.empty(row_bytes, dtype=np.uint8)
         for i in range(c * k // n_chunks, (c + 1) * k // n_chunks):
             decode_row(q, s, code, block_bytes, copies, halves, f16, r0 + i, buf, out[i])
-
-
-@njit(cache=True, nogil=True)
-def dequantize_row(q, s, code, block_bytes, copies, halves, f16, r, out):
-    """W[r] -> out (n,) float32: one row, serial (embedding lookups)."""
-    buf = np.empty(q.shape[1] * block_bytes, dtype=np.uint8)
-    decode_row(q, s, code, block_bytes, copies, halves, f16, r, buf, out)
