@@ -167,33 +167,63 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 
 
 def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
-    """Q6_K: quads 0-31 ql, 32-47 qh, 48-51 int8 scales[16]."""
+    """Q6_K: quads 0-31 ql, 32-47 qh, 48-51 int8 scales[16].
+
+    One token: in each half n, a quad of ql feeds runs k and k + 2 (its low and high nibbles) and a quad of
+    qh all four runs k, so each is loaded once, into 8 sums (k, h) at a time. Several tokens (prefill tiles)
+    go run by run instead, so that 4 tokens' sums stay in registers. The floats are added in run order
+    either way, as the pair emitter adds them.
+    """
     b = e.b
     with e.chunks() as c:
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         for n in range(2):
+            one = _one_token_runs(e, q, qo, c, xq, toks[0], n) if len(toks) == 1 else None
             for k in range(4):
                 for h in range(2):  # 16-value runs with their own scale
                     j = n * 8 + 2 * k + h  # scale index
                     scale = e.byte_of(e.qquad32(q, qo, c, 48 + j // 4), j % 4, True)
-                    quads = []
-                    for pq in range(4):
-                        ll = h * 16 + 4 * pq
-                        lo = e.qvec(q, qo, c, (64 * n + 32 * (k % 2) + ll) // 4)
-                        hb = e.qquad32(q, qo, c, 32 + (32 * n + ll) // 4)
-                        v = b.or_(e.nibbles(lo, k >= 2), e.bits32(hb, 4 - 2 * k, 0x30303030))
-                        quads.append((v, (4 * n + k) * 32 + ll))
-                    isums = dot_runs(e, toks, xq, quads)
+                    isums = one[k, h] if one else dot_runs(e, toks, xq, _run_quads(e, q, qo, c, n, k, h))
                     for i, t in enumerate(toks):
                         blk = e.at(t.xb, n * 4 + k)
-                        # the -32 of every value: scale * 32 * sum(xq) over these 16
+                        # the -32 of every value: 32 * sum(xq) over these 16, taken off before the scale
                         off16 = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
-                        off = b.mul(e.splat(b.mul(off16, ir.Constant(I32, 32)), e.L), scale)
+                        centred = b.sub(isums[i], e.splat(b.mul(off16, ir.Constant(I32, 32)), e.L))
                         d_x = e.fsplat(e.load_scalar(dx, blk))
-                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.sub(b.mul(isums[i], scale), off))))
+                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))
+
+
+def _value(e: Emitter, lo, hb, k: int):
+    """The 6-bit values of run k from a quad of ql (lo) and one of qh (hb, as 32-bit words)."""
+    return e.b.or_(e.nibbles(lo, k >= 2), e.bits32(hb, 4 - 2 * k, 0x30303030))
+
+
+def _run_quads(e: Emitter, q, qo, c, n: int, k: int, h: int) -> list:
+    """Run (n, k, h)'s 4 quads of values, with the offsets of their activations."""
+    quads = []
+    for pq in range(4):
+        ll = h * 16 + 4 * pq
+        lo = e.qvec(q, qo, c, (64 * n + 32 * (k % 2) + ll) // 4)
+        hb = e.qquad32(q, qo, c, 32 + (32 * n + ll) // 4)
+        quads.append((_value(e, lo, hb, k), (4 * n + k) * 32 + ll))
+    return quads
+
+
+def _one_token_runs(e: Emitter, q, qo, c, xq, tok: Token, n: int) -> dict:
+    """Half n's 8 runs' integer sums for one token, {(k, h): [sum]}, each quad of q loaded once."""
+    sums = {(k, h): e.zero32() for k in range(4) for h in range(2)}
+    for h in range(2):
+        for pq in range(4):
+            ll = h * 16 + 4 * pq
+            lo = [e.qvec(q, qo, c, (64 * n + 32 * m + ll) // 4) for m in range(2)]  # runs k % 2 == m
+            hb = e.qquad32(q, qo, c, 32 + (32 * n + ll) // 4)
+            for k in range(4):
+                v = _value(e, lo[k % 2], hb, k)
+                sums[k, h] = e.dpbusd(sums[k, h], v, e.xquad(xq, tok, (4 * n + k) * 32 + ll))
+    return {key: [v] for key, v in sums.items()}
 
 
 # ---- any array module (the GPU) ------------------------------------------------------------------------------

@@ -35,11 +35,13 @@ def _kernel_files(cache_dir: Path) -> dict[str, int]:
 def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> None:
     first = _start(smollm2_path, tmp_path)
     assert any("compiling kernels" in line for line in first), first
+    if (os.cpu_count() or 1) >= 2:  # the prompt path compiled in a second process, into the same cache
+        assert any("(the prompt path in a second process)" in line for line in first), first
     # progress is a count of kernels compiled: any interim counts rise, and the last line gives the total
     counts = [int(m[1]) for line in first if (m := re.fullmatch(r"compiling kernels: (\d+) compiled in \d+ s", line))]
     assert counts == sorted(counts), counts
     total = re.fullmatch(r"(\d+) kernels compiled in \d+ s; later starts load them", first[-1])
-    assert total is not None and int(total[1]) > max(counts, default=0), first[-3:]
+    assert total is not None and int(total[1]) >= max(counts, default=0), first[-3:]  # the helper may end last
     compiled = _kernel_files(tmp_path)
     assert compiled, "the first start left no compiled kernels behind"
     # one folder, named after the host's kernel set and CPU: no other instruction set was compiled
@@ -71,3 +73,26 @@ def test_compile_progress_counts_compiles_not_cache_loads() -> None:
     with compile_progress(lambda n, s: reports.append(n), every_s=0.0) as compiled:
         twice(3)
     assert compiled() == 0 and reports == [1, 2]
+
+
+def test_the_first_start_compiles_the_prompt_path_beside_where_it_pays(tmp_path: Path, monkeypatch) -> None:
+    from engine import prompt_compile
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"\0" * 4096)
+    monkeypatch.setattr(prompt_compile.os, "cpu_count", lambda: 1)
+    assert prompt_compile.start(model) is None  # one core: nothing to gain
+    monkeypatch.setattr(prompt_compile.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(prompt_compile, "_available_memory", lambda: 4 * 4096 - 1)
+    assert prompt_compile.start(model) is None  # its copy of the weights would not fit easily
+    prompt_compile.finish(None)
+    prompt_compile.stop(None)
+
+
+def test_a_stuck_helper_is_stopped(monkeypatch) -> None:
+    from engine import prompt_compile
+
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(prompt_compile, "_WAIT_S", 0.2)
+    prompt_compile.finish(helper)
+    assert helper.poll() is not None
