@@ -328,7 +328,7 @@ def embedding_rows(w: WeightMatrix, ids: np.ndarray) -> np.ndarray:
     """
     rows = w.data[np.asarray(ids, dtype=np.int64)]  # (t, row_bytes) for block formats, a copy
     if w.ggml_type in FLOAT_TYPES:
-        return np.array(_FLOAT_VALUES[w.ggml_type](rows), dtype=np.float32)
+        return np.ascontiguousarray(_FLOAT_VALUES[w.ggml_type](rows), dtype=np.float32)  # rows is a copy already
     fmt = FORMATS[w.ggml_type]
     blocks = rows.reshape(-1, fmt.block_bytes)  # (t·nb, block_bytes)
     return fmt.decode(np, blocks).reshape(len(rows), w.cols)

@@ -115,8 +115,8 @@ def _tile(fmt: Format, kernels: KernelSet):
 # One-token products stream their weights from memory once. A core that also decodes and multiplies them has
 # fewer loads in flight than a plain read, and the hardware prefetcher alone left a 1.5B model's products at
 # 19-29 GB/s where a plain read reached 36-40. Prefetching each block's bytes this far ahead, one request per
-# 64-byte line, measured 5-30% faster on Q4_K and Q6_K (2 threads, Zen 5; benchmarks/bench_kernels.py --cold);
-# one request per 128 bytes was slower than none.
+# 64-byte line, measured 5-30% faster on Q4_K and Q6_K (2 threads, Zen 5, cold weights, the variants built in one
+# process and alternating; figures in the README's Performance section); one per 128 bytes was slower than none.
 PREFETCH_AHEAD = 4096
 _LINE = 64
 
