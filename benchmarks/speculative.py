@@ -5,6 +5,8 @@
 Named prompts (greedy, the model's chat template):
 - `rewrite`: "rewrite this code with one change" over a 40-line Python module (REWRITE_CODE below): the reply
   repeats most of the prompt, the case prompt lookup is for.
+- `code`: new code from a one-line request (merging intervals): what a draft model is for, since the reply
+  repeats little of the prompt but is predictable to a smaller model of the same family.
 - `fresh`: a short request whose reply repeats nothing of the prompt (lookup finds few matches).
 For each prompt: plain decode, `--lookup` (paced, as the app runs it), `misses` (prompt lookup whose every
 guess is wrong, paced the same way: the worst case of a prompt where nothing matches, which the pacing must keep
@@ -91,6 +93,13 @@ PROMPTS = {
             "user",
             "Rewrite this module with the class Item renamed to Product everywhere. Reply with the whole code "
             "and nothing else.\n\n```python\n" + REWRITE_CODE + "```",
+        )
+    ],
+    "code": [
+        Message(
+            "user",
+            "Write a Python function that merges overlapping intervals given as a list of (start, end) tuples, "
+            "with type hints, a docstring and a few doctest examples.",
         )
     ],
     "fresh": [Message("user", "Write a short poem about a lighthouse in winter.")],

@@ -20,9 +20,11 @@ def print_run_summary(model: Model, stats: TurnStats | None, out: TextIO) -> Non
     if stats is None:
         return
     print(_line("prompt eval time", stats.prefill_ms, stats.evaluated_tokens, "tokens"), file=out)
+    if stats.draft_prefill_ms:  # the draft model's own pass over the prompt, before the reply
+        print(f"{'draft prompt':>16} = {stats.draft_prefill_ms:10.2f} ms", file=out)
     # The first token comes from the prompt's logits; each later one costs a forward pass.
     print(_line("eval time", stats.decode_ms, max(stats.generated_tokens - 1, 0), "runs"), file=out)
-    total = stats.prefill_ms + stats.decode_ms
+    total = stats.prefill_ms + stats.draft_prefill_ms + stats.decode_ms
     print(
         f"{'total time':>16} = {total:10.2f} ms / {stats.prompt_tokens + stats.generated_tokens:5d} tokens",
         file=out,

@@ -182,11 +182,16 @@ class ChatSession:
         t0 = time.perf_counter()
         logits = self.session.eval(prompt[reused:])
         prefill_ms = (time.perf_counter() - t0) * 1000
+        drafter = self.drafter
+        draft_prefill_ms = 0.0
+        if drafter is not None:
+            t0 = time.perf_counter()
+            if drafter.prepare(prompt):
+                draft_prefill_ms = (time.perf_counter() - t0) * 1000
 
         seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
         sampler = Sampler(seed)
         decoder = self.model.stream_decoder()
-        drafter = self.drafter
         generated: list[int] = []
         # Drafted tokens already in the cache, each with the target's logits after it, oldest first: the next
         # token is checked against queue[0][0] with `logits`, and on acceptance `logits` becomes queue[0][1].
@@ -304,6 +309,7 @@ class ChatSession:
         yield replace(
             stats,
             drafter=drafter.name if drafter is not None else "",
+            draft_prefill_ms=draft_prefill_ms,
             draft_tokens=counts["drafted"],
             draft_accepted=counts["accepted"],
             target_passes=counts["passes"],

@@ -61,6 +61,7 @@ class TurnStats:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     device: str = ""  # where the model ran, e.g. "cpu" or "cuda:0 (NVIDIA H200), 30/30 layers + output"
     drafter: str = ""  # "lookup" or the draft model's name; "" without speculative decoding
+    draft_prefill_ms: float = 0.0  # the draft model's own evaluation of the prompt (after the target's)
     draft_tokens: int = 0  # tokens the drafter proposed this turn
     draft_accepted: int = 0  # of those, accepted by the target
     target_passes: int = 0  # target forward passes while decoding (one per token without a drafter)

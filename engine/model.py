@@ -31,6 +31,7 @@ from .kernels import (
     rope_into_cache,
     swiglu,
 )
+from .kernels.pages import small_page_zeros
 from .weights import Weights
 
 if TYPE_CHECKING:
@@ -104,10 +105,10 @@ class KVCache:
         rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
         if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, hd)
             shape = (len(rows), cfg.n_kv_head, n_ctx, cfg.head_dim)
-            self.k, self.v = np.zeros(shape, dtype=np.float16), np.zeros(shape, dtype=np.float16)
+            self.k, self.v = small_page_zeros(shape, np.float16), small_page_zeros(shape, np.float16)
         else:  # per layer (kv head, row, hd), the rings shorter
-            self.k = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
-            self.v = [np.zeros((cfg.n_kv_head, r, cfg.head_dim), dtype=np.float16) for r in rows]
+            self.k = [small_page_zeros((cfg.n_kv_head, r, cfg.head_dim), np.float16) for r in rows]
+            self.v = [small_page_zeros((cfg.n_kv_head, r, cfg.head_dim), np.float16) for r in rows]
         self.device = offload.new_cache(n_ctx) if offload is not None else None
         self.n_ctx = n_ctx
         # Positions a ring keeps (None: no ring, every position stays), and how far back a query looks.

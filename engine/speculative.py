@@ -51,6 +51,11 @@ class Drafter(Protocol):
         """The target's KV cache now holds exactly `tokens` (after a turn, a cancel or a context shift)."""
         ...
 
+    def prepare(self, prompt: Sequence[int]) -> int:
+        """The target has just evaluated `prompt`: catch up on it now, as part of the prompt's processing,
+        so that the reply's first guesses do not pay for it. Returns the tokens evaluated."""
+        ...
+
 
 class _Length:
     """Adaptive draft length: 1, 3, 7, 15, ... up to `most` (the newest token plus the guesses fill 2, 4, 8, 16
@@ -163,6 +168,9 @@ class LookupDrafter:
     def follow(self, tokens: Sequence[int]) -> None:
         pass  # nothing cached: the context is read afresh each time
 
+    def prepare(self, prompt: Sequence[int]) -> int:
+        return 0
+
 
 def check_same_vocab(target: Model, draft: Model) -> None:
     """Raise SettingsError (one line) unless the draft's tokens are the target's, id for id."""
@@ -210,6 +218,16 @@ class ModelDrafter:
     def follow(self, tokens: Sequence[int]) -> None:
         keep = common_prefix(self.session.tokens, tokens)
         self.session.truncate(keep)
+
+    def prepare(self, prompt: Sequence[int]) -> int:
+        # A turn's new prompt tokens are a prefill for the draft as for the target. Left to the first draft, the
+        # 0.5B draft's catch-up on a 600-token prompt (~1 s) made the 1.5B's 64-token reply slower than plain.
+        keep = common_prefix(self.session.tokens, prompt)
+        if not keep < len(prompt) <= self.session.n_ctx:
+            return 0
+        self.session.truncate(keep)
+        self.session.eval(prompt[keep:])
+        return len(prompt) - keep
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         self._catch_up_ms = 0.0

@@ -18,6 +18,7 @@ from engine.chat import ChatSession
 from engine.events import Message, TurnStats
 from engine.kernels import float_products
 from engine.kv_store import SUFFIX, KVStore
+from engine.model import KVCache
 from engine.sampling import SamplingSettings
 
 from .compare import assert_cache_exactly_fresh
@@ -256,3 +257,20 @@ async def test_the_saved_chats_list_shows_the_folder_size(isolated_dirs) -> None
     async with app.run_test() as pilot:
         await pilot.pause()
         assert app.screen.query_one("#conversations").border_subtitle == "saved KV caches: 3 MB"
+
+
+def resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from Linux's /proc")
+def test_a_new_cache_holds_only_the_positions_it_is_given(smollm2_model) -> None:
+    """The KV cache is allocated in small pages: restoring (or evaluating) the first positions commits their
+    pages, not the whole cache, which NumPy's huge pages would zero and commit 2 MB at a time."""
+    cache = KVCache(smollm2_model.cfg, 8192)
+    before = resident_bytes()
+    cache.k[:, :, :32] = 1.0
+    cache.v[:, :, :32] = 1.0
+    grown = resident_bytes() - before
+    assert (cache.k[:, :, 32:] == 0).all() and (cache.k[:, :, :32] == 1).all()
+    assert grown < cache.nbytes // 8, f"{grown / 1e6:.1f} MB resident for 32 of 8192 positions"

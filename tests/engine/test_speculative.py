@@ -20,6 +20,7 @@ from engine.errors import SettingsError
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
 from engine.kernels import float_products
 from engine.sampling import Sampler, SamplingSettings, distribution
+from engine.sequences import common_prefix
 from engine.speculative import PACE_FIRST_PAUSE, LookupDrafter, ModelDrafter, Pace, check_same_vocab
 
 from .compare import assert_cache_exactly_fresh, spread
@@ -73,6 +74,9 @@ class FixedDrafter:
 
     def follow(self, tokens):
         pass
+
+    def prepare(self, prompt):
+        return 0
 
 
 # -- the acceptance rule -----------------------------------------------------------------------------------
@@ -291,6 +295,28 @@ def test_settings_change_mid_reply_applies_with_guesses_pending(smollm2_model) -
         assert len(events) == 14
     greedy_part = events[5:]
     assert greedy_part and all(e.token_id == e.top[0].token_id for e in greedy_part)
+
+
+def test_the_draft_model_evaluates_the_prompt_before_the_reply(smollm2_model) -> None:
+    """The draft's prefill of a turn's prompt happens with the target's, before the reply's timing starts, and
+    each later evaluation is a guess, or a fully accepted draft's last guess with the target's next token; the
+    next turn's prompt costs it only the tokens it lacks."""
+    drafter = ModelDrafter(smollm2_model, smollm2_model)
+    widths: list[int] = []
+    evaluate = drafter.session.eval
+    drafter.session.eval = lambda ids: widths.append(len(ids)) or evaluate(ids)
+    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=16), drafter=drafter)
+    prompt = chat.prompt_tokens(REWRITE)
+    events, stats = run(chat, REWRITE)
+    assert widths[0] == len(prompt) and max(widths[1:]) <= 2
+    assert stats.draft_prefill_ms > 0 and stats.draft_accepted > 0
+    follow = [*REWRITE, Message("assistant", stats.reply), Message("user", "Go on.")]
+    held = drafter.cached_tokens
+    widths.clear()
+    run(chat, follow)
+    next_prompt = chat.prompt_tokens(follow)
+    assert widths[0] == len(next_prompt) - common_prefix(held, next_prompt) < len(next_prompt) // 2
+    assert max(widths[1:]) <= 2
 
 
 # -- the draft model's vocabulary ------------------------------------------------------------------------------

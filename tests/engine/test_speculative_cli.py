@@ -29,6 +29,7 @@ def test_run_with_a_drafter_reports_its_guesses(smollm2_path, isolated_dirs, cap
     out = capsys.readouterr()
     assert rc == 0
     assert "guesses accepted" in out.err and "tokens per target pass" in out.err
+    assert ("draft prompt" in out.err) == ("-md" in flags)  # a draft model's own prompt pass is shown
 
 
 def test_config_keys(tmp_path, isolated_dirs) -> None:

@@ -87,7 +87,9 @@ def draft_line(stats: TurnStats) -> tuple[tuple[str, str], ...]:
         (
             f"{stats.drafter}: {stats.draft_accepted:,}/{stats.draft_tokens:,} guesses accepted "
             f"({stats.acceptance_rate:.0%})  ·  {stats.tokens_per_pass:.2f} tokens per target pass  ·  "
-            f"{stats.target_passes:,} passes\n",
+            f"{stats.target_passes:,} passes"
+            + (f"  ·  its prompt {fmt_ms(stats.draft_prefill_ms)}" if stats.draft_prefill_ms else "")
+            + "\n",
             "",
         ),
     )
