@@ -17,6 +17,10 @@ step costs against a plain one, the least load-dependent figure here.
 `resume`: a ~1,500-token conversation saved with its KV cache, then restored into a new session; the time to
 read and check the file against the prompt's prefill.
 
+With --llama-python (an interpreter with llama-cpp-python), llama.cpp's own plain greedy decode of each prompt's
+token ids on the same file and threads runs after each repetition, in a fresh process: the drafted decode
+against it, as a ratio of medians.
+
 Each figure is printed with the machine's load average (os.getloadavg) before and after it: on a shared machine
 the figures are only as good as that load says.
 """
@@ -27,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,12 +140,13 @@ class MissingLookup(LookupDrafter):
         return [self.miss] * n
 
 
-def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
+def decode_figures(model, modes: dict, messages, n_gen: int, reps: int, llama_python: str | None = None) -> dict:
     """Each repetition runs every mode back to back (plain first), so that the machine's drifting load falls on
     all of them alike; a mode's speed-up is the median of its per-repetition ratios to plain."""
     settings = SamplingSettings(temperature=0.0, max_tokens=n_gen)
     runs: dict[str, list] = {name: [] for name in modes}
     guessing: dict[str, list[int]] = {name: [] for name in modes}
+    llama: list[float] = []
     for _ in range(reps):
         for name, factory in modes.items():
             before = load()
@@ -149,6 +155,9 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
             ids, stats = turn(chat, messages)
             runs[name].append((ids, stats, before, load()))
             guessing[name].append(getattr(drafter, "guessing_passes", -1))
+        if llama_python:
+            prompt = ChatSession(model, settings).prompt_tokens(messages)
+            llama.append(llama_cpp_plain(llama_python, model, prompt, n_gen))
     out = {}
     plain_ids = runs["plain"][-1][0]
     for name, rows in runs.items():
@@ -166,7 +175,36 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int) -> dict:
             "load": [f"{r[2]} -> {r[3]}" for r in rows],
             "guessing_passes": guessing[name],
         }
+        if llama:
+            out[name]["vs_llama_cpp"] = out[name]["decode_tok_s"] / statistics.median(llama)
+    if llama:
+        out["llama.cpp plain"] = {"decode_tok_s": statistics.median(llama), "runs": llama}
     return out
+
+
+LLAMA_PLAIN = r"""
+import json, sys, time
+import numpy as np
+from llama_cpp import Llama
+path, threads, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prompt = json.loads(sys.argv[4])
+llm = Llama(model_path=path, n_ctx=len(prompt) + n_gen + 8, n_threads=threads, n_threads_batch=threads,
+            n_batch=512, verbose=False)
+llm.eval(prompt)
+t = time.perf_counter()
+for _ in range(n_gen - 1):  # the first token comes from the prompt's logits, as in our decode_tok_s
+    llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+print(json.dumps({"decode_tok_s": (n_gen - 1) / (time.perf_counter() - t)}))
+"""
+
+
+def llama_cpp_plain(python: str, model, prompt: list[int], n_gen: int) -> float:
+    """llama.cpp's greedy decode tok/s after `prompt`, in a fresh process of `python`."""
+    code = [python, "-c", LLAMA_PLAIN, str(model.file.path), str(model.threads), str(n_gen), json.dumps(prompt)]
+    out = subprocess.run(code, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["decode_tok_s"]
 
 
 def pass_costs(model, widths=(1, 2, 4, 8, 16), reps: int = 7) -> dict[int, float]:
@@ -231,6 +269,7 @@ def main() -> int:
     p.add_argument("--resume-tokens", type=int, default=1500)
     p.add_argument("--json")
     p.add_argument("--skip-decode", action="store_true", help="only the pass costs and the resume figures")
+    p.add_argument("--llama-python", help="an interpreter with llama-cpp-python: its plain decode of each prompt")
     args = p.parse_args()
     results = {}
     for spec in args.model:
@@ -245,10 +284,15 @@ def main() -> int:
             }
             if draft is not None:
                 modes["draft"] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
-            row = out[name] = decode_figures(model, modes, messages, args.n, args.r)
+            row = out[name] = decode_figures(model, modes, messages, args.n, args.r, args.llama_python)
+            if "llama.cpp plain" in row:
+                fig = row.pop("llama.cpp plain")
+                print(f"{model.name} | {name} | llama.cpp plain: {fig['decode_tok_s']:.1f} tok/s (runs "
+                      f"{', '.join(f'{x:.1f}' for x in fig['runs'])})", flush=True)
             for mode, fig in row.items():
+                vs = f", {fig['vs_llama_cpp']:.2f}x llama.cpp plain" if "vs_llama_cpp" in fig else ""
                 print(
-                    f"{model.name} | {name} | {mode}: {fig['decode_tok_s']:.1f} tok/s, {fig['ratio']:.2f}x plain "
+                    f"{model.name} | {name} | {mode}: {fig['decode_tok_s']:.1f} tok/s, {fig['ratio']:.2f}x plain{vs} "
                     f"(runs {', '.join(f'{x:.2f}' for x in fig['ratios'])}), {fig['tokens']} tokens, "
                     f"acceptance {fig['acceptance']:.0%}, {fig['tokens_per_pass']:.2f} tokens/pass, "
                     f"same as plain: {fig['same_as_plain']}, load {'; '.join(fig['load'])}",
