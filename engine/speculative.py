@@ -127,7 +127,8 @@ def _mean(old: float, new: float, weight: float = 0.3) -> float:
 
 
 class LookupDrafter:
-    """Prompt lookup: continue the latest earlier match of the context's last n tokens, n = ngram .. ngram_min."""
+    """Prompt lookup: continue the latest earlier match of the context's last n tokens, n = ngram .. ngram_min,
+    or, right after the target replaced one of a copy's guesses, the copy past the replaced token."""
 
     name = "lookup"
 
@@ -137,28 +138,55 @@ class LookupDrafter:
         ngram: int = LOOKUP_NGRAM,
         ngram_min: int = LOOKUP_NGRAM_MIN,
         paced: bool = False,
+        realign: bool = True,
     ) -> None:
         if ngram < 1 or ngram_min < 1 or ngram_min > ngram:
             raise SettingsError(f"lookup n-gram sizes {ngram_min}..{ngram} must be 1 or more, smallest first")
         self.ngram, self.ngram_min = ngram, ngram_min
         self.length = _Length(draft_max)
         self.pace = Pace() if paced else None  # None: always guess (the tests' setting: no timing involved)
+        self.realign = realign  # follow the copy: its expected place first, past a replaced token (`draft`)
+        self._last: tuple[int, int, int] | None = None  # the last draft: context length, source start, guesses
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         n = min(limit, self.length.now)
         if n <= 0 or (self.pace is not None and not self.pace.allow()):
             return []
         ids = np.asarray(context, dtype=np.int64)
+        # Where the copy the last draft followed goes on: past its accepted guesses and the token the target
+        # put after them (the next guess, or its replacement).
+        accepted, expected = -1, None
+        if self._last is not None:
+            before, src, guessed = self._last
+            accepted = len(ids) - before - 1
+            if 0 <= accepted <= guessed and src + accepted + 1 < before:
+                expected = src + accepted + 1
+        start = self._match(ids, expected)
+        # No n-gram matches right after the target replaced a guess: a copy that had run on likely goes on
+        # past the replaced token ("rewrite with one change": a renamed identifier).
+        if start is None and self.realign and expected is not None and accepted >= 1:
+            start = expected
+        self._last = None
+        if start is None:
+            return []
+        follow = ids[start : start + n]
+        self._last = (len(ids), start, len(follow))
+        return [int(t) for t in follow]
+
+    def _match(self, ids: np.ndarray, expected: int | None) -> int | None:
+        """Where the tokens after an earlier occurrence of the context's last n-gram start: the longest n-gram,
+        at the copy's expected place if it occurs there, else its latest occurrence."""
         for g in range(min(self.ngram, len(ids) - 1), self.ngram_min - 1, -1):
             key = ids[-g:]
+            if self.realign and expected is not None and expected >= g:
+                if np.array_equal(ids[expected - g : expected], key):
+                    return expected
             # Candidate starts j < len - g whose first token matches, newest first; then the whole n-gram.
             starts = np.flatnonzero(ids[: len(ids) - g] == key[0])
             for j in starts[::-1]:
                 if np.array_equal(ids[j : j + g], key):
-                    follow = ids[j + g : j + g + n]
-                    if follow.size:
-                        return [int(t) for t in follow]
-        return []
+                    return int(j + g)
+        return None
 
     def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self.length.feedback(drafted, accepted)

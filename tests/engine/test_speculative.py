@@ -341,6 +341,40 @@ def test_lookup_finds_the_latest_longest_match() -> None:
     assert d.draft([4, 4, 4, 4], 8) == [4]  # the latest match: the one that ends just before the key
 
 
+def test_lookup_goes_on_past_a_replaced_token() -> None:
+    """A reply copying the prompt with one token changed (a rename): once no n-gram matches, the guesses go on
+    from the source past the replaced token, but only after a copy that had run on."""
+    source = list(range(100, 140))
+    drafter = LookupDrafter(draft_max=8)
+    drafter.length.now = 7
+    reply = source[:6]  # copied so far
+    guesses = drafter.draft([*source, 1, *reply], 7)
+    assert guesses == source[6:13]
+    replaced = [*source, 1, *reply, *guesses[:2], 999]  # two guesses taken, then the target's own token
+    drafter.feedback(7, 2, 10.0)
+    assert drafter.draft(replaced, 7) == [source[9]]  # past source[8], which 999 replaced; one guess again
+    assert LookupDrafter(realign=False).draft(replaced, 7) == []
+    # A match that never went on (its first guess rejected) is not followed.
+    drafter = LookupDrafter(draft_max=8)
+    assert drafter.draft([*source, 1, *reply], 7) == [source[6]]
+    drafter.feedback(1, 0, 10.0)
+    assert drafter.draft([*source, 1, *reply, 999], 7) == []
+
+
+def test_lookup_follows_the_copy_over_a_later_occurrence() -> None:
+    """An n-gram that occurs twice in the prompt: while the reply copies the first, its continuation is
+    guessed, not the latest occurrence's (as prompt lookup alone would)."""
+    prompt = [20, 12, 13, 14, 15, 16, 17, 30, 12, 13, 14, 99, 98, 97, 1]
+    drafter = LookupDrafter(draft_max=8, ngram=3, ngram_min=2)
+    assert drafter.draft([*prompt, 20, 12], 3) == [13]  # "20 12" occurs once: the first copy, one guess
+    drafter.feedback(1, 1, 10.0)
+    copied = [*prompt, 20, 12, 13, 14]  # the guess taken, and the target's own token goes on the copy
+    assert drafter.draft(copied, 3) == [15, 16, 17]
+    plain = LookupDrafter(draft_max=8, ngram=3, ngram_min=2, realign=False)
+    plain.length.now = 3
+    assert plain.draft(copied, 3) == [99, 98, 97]  # "12 13 14" latest
+
+
 def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
     """1, 3, 7, 15 guesses (2, 4, 8, 16 rows per pass), capped by draft_max; any rejection starts over at one."""
     d = LookupDrafter(draft_max=10)
