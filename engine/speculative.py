@@ -194,7 +194,7 @@ class LookupDrafter:
             self.pace.record(drafted, accepted, pass_ms)
 
     def follow(self, tokens: Sequence[int]) -> None:
-        pass  # nothing cached: the context is read afresh each time
+        self._last = None  # the context is read afresh each time; a new turn starts no copy
 
     def prepare(self, prompt: Sequence[int]) -> int:
         return 0
