@@ -149,6 +149,7 @@ class LookupDrafter:
         self._last: tuple[int, int, int] | None = None  # the last draft: context length, source start, guesses
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        last, self._last = self._last, None  # only the draft just before this one tells where a copy goes on
         n = min(limit, self.length.now)
         if n <= 0 or (self.pace is not None and not self.pace.allow()):
             return []
@@ -156,8 +157,8 @@ class LookupDrafter:
         # Where the copy the last draft followed goes on: past its accepted guesses and the token the target
         # put after them (the next guess, or its replacement).
         accepted, expected = -1, None
-        if self._last is not None:
-            before, src, guessed = self._last
+        if last is not None:
+            before, src, guessed = last
             accepted = len(ids) - before - 1
             if 0 <= accepted <= guessed and src + accepted + 1 < before:
                 expected = src + accepted + 1
@@ -166,7 +167,6 @@ class LookupDrafter:
         # past the replaced token ("rewrite with one change": a renamed identifier).
         if start is None and self.realign and expected is not None and accepted >= 1:
             start = expected
-        self._last = None
         if start is None:
             return []
         follow = ids[start : start + n]
