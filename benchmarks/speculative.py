@@ -147,6 +147,7 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int, llama_py
     runs: dict[str, list] = {name: [] for name in modes}
     guessing: dict[str, list[int]] = {name: [] for name in modes}
     llama: list[float] = []
+    prompt = ChatSession(model, settings).prompt_tokens(messages) if llama_python else []
     for _ in range(reps):
         for name, factory in modes.items():
             before = load()
@@ -156,7 +157,6 @@ def decode_figures(model, modes: dict, messages, n_gen: int, reps: int, llama_py
             runs[name].append((ids, stats, before, load()))
             guessing[name].append(getattr(drafter, "guessing_passes", -1))
         if llama_python:
-            prompt = ChatSession(model, settings).prompt_tokens(messages)
             llama.append(llama_cpp_plain(llama_python, model, prompt, n_gen))
     out = {}
     plain_ids = runs["plain"][-1][0]
