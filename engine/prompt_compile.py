@@ -41,7 +41,7 @@ def start(path: str | os.PathLike[str]) -> subprocess.Popen | None:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.getenv("PYTHONPATH")]))},
         )
     except OSError:
         return None
