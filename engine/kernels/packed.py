@@ -38,11 +38,14 @@ from ..formats.fields import ROWS, h2f, qbyte  # noqa: F401  (h2f: tests call pa
 from . import cpu, simd
 
 TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
-PER_ITEM = 16  # tokens per parallel item of `matmul`: a multiple of TILE
-# Fewer tokens than this in an item run one at a time: the first streams the group from memory with the one-token
-# kernel's prefetching and the rest find it in cache. A pass of 4 tokens over Qwen2.5-1.5B's matrices took
-# 46-48 ms, against 60-63 ms in one tile, 6 tokens 61 against 72; at 8 the tiles win (73 against 76 ms).
-TILE_FROM = 8
+PER_ITEM = 16  # tokens per parallel item of a prompt's `matmul`: a multiple of TILE
+# Up to this many tokens (a speculative verification pass) are one item per group. The first token streams the
+# group from memory through the one-token kernel, whose prefetching keeps more of it in flight than the tile
+# kernel's, and the rest find it in cache, TILE at a time. Over Qwen2.5-1.5B's matrices (2 threads, Zen 5) this
+# took a pass of 5 tokens from 57.6 to 47.1 ms, 6 from 65.7 to 52.1, 8 from 81.4 to 66.0 and 16 from 116 to 104
+# against tiles (or, under 8 tokens, one-token kernels) throughout. In a prompt's 16-token items the lead was
+# slower (256 tokens: 1,536 against 1,385 ms), and with 17-token items no faster.
+LEAD_MAX = PER_ITEM + 1
 
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {f.code: (f.packing.quant_bytes, f.packing.copies, f.packing.halves) for f in QUANTIZED.values()}
@@ -208,10 +211,11 @@ def matvec_reference(q, s, code, x, out):
 def matmul(q, s, code, xs, out):
     """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill).
 
-    A parallel item is one row group for up to PER_ITEM tokens: its weights come from memory once and from
-    cache for the other tokens. From TILE_FROM tokens they run TILE at a time through group_simd_tile, which
-    decodes the weight bytes once per tile, and the last t % TILE one by one through group_simd; fewer all run
-    through group_simd. Either way each token's row of out equals `matvec` of it, bit for bit.
+    A parallel item is one row group for several tokens: its weights come from memory once and from cache for
+    the other tokens, which run TILE at a time through group_simd_tile (decoding the weight bytes once per
+    tile) and the last few one by one through group_simd. Up to LEAD_MAX tokens form one item per group, led by
+    one token through group_simd; more go PER_ITEM to an item. Either way each token's row of out equals
+    `matvec` of it, bit for bit.
     """
     t, n = xs.shape
     nb = n // 32
@@ -223,23 +227,26 @@ def matmul(q, s, code, xs, out):
         quantize_into(xs[i], xq[i], dx[i], xsum[i])
         double_pairs(xq[i], xq2[i])
     d = out.shape[1]
-    n_tok = (t + PER_ITEM - 1) // PER_ITEM
+    per_item = t if t <= LEAD_MAX else PER_ITEM
+    n_tok = (t + per_item - 1) // per_item
     for item in prange(q.shape[0] * n_tok):
         g = item // n_tok
-        t0 = (item % n_tok) * PER_ITEM
-        t1 = min(t, t0 + PER_ITEM)
+        t0 = (item % n_tok) * per_item
+        t1 = min(t, t0 + per_item)
         rows = min(ROWS, d - g * ROWS)
         acc = np.empty((TILE, ROWS), dtype=np.float32)
-        t_tiled = t0 + (t1 - t0) // TILE * TILE if t1 - t0 >= TILE_FROM else t0
-        for i in range(t0, t_tiled, TILE):
-            group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i, acc)
-            for k in range(TILE):
+        i = t0
+        while i < t1:
+            if t1 - i >= TILE and (i > t0 or n_tok > 1):
+                group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i, acc)
+                done = TILE
+            else:  # the lead token of a short pass, or the last few
+                group_simd(q, s, code, g, xq[i], dx[i], xsum[i], acc[0])
+                done = 1
+            for k in range(done):
                 for r in range(rows):
                     out[i + k, g * ROWS + r] = acc[k, r]
-        for i in range(t_tiled, t1):
-            group_simd(q, s, code, g, xq[i], dx[i], xsum[i], acc[0])
-            for r in range(rows):
-                out[i, g * ROWS + r] = acc[0, r]
+            i += done
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -149,12 +149,12 @@ def check_every_format(out_path: str) -> None:
         raw = random_blocks(qtype, rows, cols, rng)
         w = WeightMatrix.from_raw("isa", qtype, rows, cols, raw).prepare()
         ref = oracle(qtype, raw, rows, cols)
-        xs = rng.standard_normal((packed.TILE_FROM + 2, cols)).astype(np.float32)
+        xs = rng.standard_normal((2 * packed.TILE + 2, cols)).astype(np.float32)
         p = w.packed
         assert p.q.shape[4:] == packed.layout(p.code), qtype.name
         one = np.stack([matvec(w, x) for x in xs])
         many = np.empty((len(xs), rows), dtype=np.float32)
-        packed.matmul(p.q, p.s, p.code, xs, many)  # TILE_FROM tokens through the tile kernels, 2 through decode's
+        packed.matmul(p.q, p.s, p.code, xs, many)  # a lead token, two tiles, one more
         loops = np.empty(rows, dtype=np.float32)
         packed.matvec_reference(p.q, p.s, p.code, xs[0], loops)
         for i, x in enumerate(xs):

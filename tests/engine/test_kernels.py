@@ -255,16 +255,17 @@ def test_prefill_many_tokens_equals_decode_per_token(qtype: T) -> None:
 def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
     """matmul decodes each block once for packed.TILE tokens: every token's row must be matvec's, bit for bit.
 
-    Fewer than packed.TILE_FROM tokens in a parallel item (1, 3, 5) run through the single-token kernels; 9
-    leaves a tail after two tiles, and 21 a 5-token item after a tiled one. Row counts that are not multiples
-    of the group size leave a zero-padded last group.
+    A short pass (up to packed.LEAD_MAX tokens) is led by one token through the one-token kernel: 2 adds one
+    more, 5 a tile, 8 a tile and three more, 17 four tiles. Longer ones go packed.PER_ITEM to an item: 18 leaves
+    a 2-token item, 37 a 5-token one (a tile and one more). Row counts that are not multiples of the group size
+    leave a zero-padded last group.
     """
     rng = np.random.default_rng(int(qtype) + 400)
     cols = 512
     for rows in (70, 130):
         w = WeightMatrix.from_raw("tiles", qtype, rows, cols, random_blocks(qtype, rows, cols, rng)).prepare()
         p = w.packed
-        for n_tok in (1, 3, 5, 9, 21):
+        for n_tok in (1, 2, 5, 8, packed.LEAD_MAX, packed.LEAD_MAX + 1, 37):
             xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
             got = np.empty((n_tok, rows), dtype=np.float32)
             packed.matmul(p.q, p.s, p.code, xs, got)  # directly: the wrapper sends one token to matvec
