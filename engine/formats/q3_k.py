@@ -18,7 +18,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I64, PAIRS, Emitter, Token, splat_const, vt
+from .emit import F32, I16, I32, I64, PAIRS, QUADS, Emitter, Token, dot_runs, splat_const, vt
 from .fields import INLINE, ROWS, bits, h2f, half, i8, qbyte, set_qbyte
 from .spec import Format, Packing
 
@@ -153,6 +153,40 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
             e.add_to_acc(acc, t, c, b.fmul(d, e.from_parity(fd[i])))
 
 
+def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
+    """Q3_K: quads 0-15 qs, 16-23 hmask, 24-27 int8 scales[16].
+
+    A run's 16 values (0..7: the low 2 bits and the hmask bit, the -4 taken off the integer sum as in the pair
+    emitter) are 4 quads, one vpdpbusd each per token; the same integers and floats, in the same order, as
+    the pair emitter's.
+    """
+    b = e.b
+    with e.chunks() as c:
+        fd = [splat_const(F32, e.L, 0.0)] * len(toks)
+        for n in range(2):
+            for j in range(4):
+                for h in range(2):  # 16-value runs with their own scale
+                    idx = n * 8 + 2 * j + h  # scale index
+                    scale = e.byte_of(e.qquad32(q, qo, c, 24 + idx // 4), idx % 4, True)
+                    quads = []
+                    for pq in range(4):
+                        ll = h * 16 + 4 * pq
+                        low = e.bits32(e.qquad32(q, qo, c, 8 * n + ll // 4), -2 * j, 0x03030303)
+                        high = e.bits32(e.qquad32(q, qo, c, 16 + ll // 4), 2 - (4 * n + j), 0x04040404)
+                        quads.append((b.or_(low, high), (4 * n + j) * 32 + ll))
+                    isums = dot_runs(e, toks, xq, quads)
+                    for i, t in enumerate(toks):
+                        blk = e.at(t.xb, n * 4 + j)
+                        # the -4 of every value: 4 * sum(xq) over these 16, taken off before the scale
+                        off = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
+                        centred = b.sub(isums[i], e.splat(b.mul(off, ir.Constant(I32, 4)), e.L))
+                        d_x = e.fsplat(e.load_scalar(dx, blk))
+                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))
+        d = e.halves(s, e.rows(so, c))
+        for i, t in enumerate(toks):
+            e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))
+
+
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
@@ -177,5 +211,5 @@ FORMAT = Format(
     deq=deq,
     packing=PACKING,
     group=group,
-    emitters={PAIRS: emit_pairs},
+    emitters={PAIRS: emit_pairs, QUADS: emit_quads},
 )
