@@ -364,3 +364,17 @@ def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
             a = [e.b.add(a[j], a[j + 1]) if j + 1 < len(a) else a[j] for j in range(0, len(a), 2)]
         out.append(a[0])
     return out
+
+
+def add_centred_run(e: Emitter, fd: list, isums: list, toks: list[Token], xsum, dx, block: int, h: int, bias: int,
+                    scale) -> None:  # fmt: skip
+    """fd[i] += dx · float((isums[i] - bias · sum(x̂)) · scale) for each token's 16-value run h of 32-block
+    `block`: a run of values stored as value + bias (Q3_K: 4, Q6_K: 32), the bias taken off the integer sum
+    before the per-row scale <L x i32>, so that every kernel set computes the same integer."""
+    b = e.b
+    for i, t in enumerate(toks):
+        blk = e.at(t.xb, block)
+        off = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))  # sum(x̂) over the run
+        centred = b.sub(isums[i], e.splat(b.mul(off, ir.Constant(I32, bias)), e.L))
+        d_x = e.fsplat(e.load_scalar(dx, blk))
+        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))

@@ -18,7 +18,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I32, I64, PAIRS, QUADS, Emitter, Token, dot_runs, splat_const, vt
+from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, Token, add_centred_run, dot_runs, splat_const, vt
 from .fields import INLINE, ROWS, bits, h2f, half, i8, qbyte, set_qbyte
 from .spec import Format, Packing
 
@@ -175,13 +175,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                         high = e.bits32(e.qquad32(q, qo, c, 16 + ll // 4), 2 - (4 * n + j), 0x04040404)
                         quads.append((b.or_(low, high), (4 * n + j) * 32 + ll))
                     isums = dot_runs(e, toks, xq, quads)
-                    for i, t in enumerate(toks):
-                        blk = e.at(t.xb, n * 4 + j)
-                        # the -4 of every value: 4 * sum(xq) over these 16, taken off before the scale
-                        off = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
-                        centred = b.sub(isums[i], e.splat(b.mul(off, ir.Constant(I32, 4)), e.L))
-                        d_x = e.fsplat(e.load_scalar(dx, blk))
-                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))
+                    add_centred_run(e, fd, isums, toks, xsum, dx, n * 4 + j, h, 4, scale)  # values - 4
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))

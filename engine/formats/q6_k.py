@@ -17,7 +17,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I32, I64, PAIRS, QUADS, Emitter, Token, dot_runs, splat_const, vt
+from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, Token, add_centred_run, dot_runs, splat_const, vt
 from .fields import INLINE, ROWS, bits, h2f, half, i8, qbyte
 from .spec import Format, Packing
 
@@ -184,13 +184,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                     j = n * 8 + 2 * k + h  # scale index
                     scale = e.byte_of(e.qquad32(q, qo, c, 48 + j // 4), j % 4, True)
                     isums = one[k, h] if one else dot_runs(e, toks, xq, _run_quads(e, q, qo, c, n, k, h))
-                    for i, t in enumerate(toks):
-                        blk = e.at(t.xb, n * 4 + k)
-                        # the -32 of every value: 32 * sum(xq) over these 16, taken off before the scale
-                        off16 = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))
-                        centred = b.sub(isums[i], e.splat(b.mul(off16, ir.Constant(I32, 32)), e.L))
-                        d_x = e.fsplat(e.load_scalar(dx, blk))
-                        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))
+                    add_centred_run(e, fd, isums, toks, xsum, dx, n * 4 + k, h, 32, scale)  # values - 32
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))
