@@ -1,5 +1,4 @@
-"""Keep the process's resident memory small: two savings in Numba's runtime, and giving freed heap back; and
-keep the pages of freed arrays for the next ones.
+"""Keep the process's resident memory small: two savings in Numba's runtime, and giving freed heap back.
 
 Measured on SmolLM2-135M (Q4_1, 92 MB of packed weights), peak RSS for a 256-token prompt and 128 tokens went
 from 319 MB to about 265 MB with all three:
@@ -16,11 +15,6 @@ from 319 MB to about 265 MB with all three:
 Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod), which are the
 same in every release from 0.60 to 0.68 (compared). On another release, or when they are not as expected,
 nothing is changed and Numba runs as shipped: the savings are memory, never correctness.
-
-A forward pass allocates and frees arrays of megabytes per layer (a prompt chunk's activations, its gated FFN's
-halves). glibc's malloc served those from fresh mappings, or trimmed them off its heap when freed, so every pass
-faulted their pages in again, and a page fault is slow under a hypervisor: on SmolLM2 (Q4_0), 256 prompt tokens
-took 222 ms against 160-170 ms with freed memory kept for reuse (Zen 5 VM). `keep_freed_memory` sets that up.
 """
 
 from __future__ import annotations
@@ -132,23 +126,3 @@ def release_free_heap() -> None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
-
-
-# Below this, arrays come from malloc's heap, which keeps what is freed up to HEAP_KEPT: every temporary of a
-# pass (the largest, a 256-token chunk of a 1.5B model's FFN, is 9 MB) is reused rather than faulted in again.
-# Larger ones (the biggest weights, the logits of a whole prompt) keep their own mappings, unmapped when freed.
-HEAP_ARRAYS_BELOW = 32 << 20
-HEAP_KEPT = 256 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory for reuse (module docstring); True when in force. Elsewhere (musl,
-    macOS) nothing changes."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, HEAP_ARRAYS_BELOW)) and bool(mallopt(_M_TRIM_THRESHOLD, HEAP_KEPT))

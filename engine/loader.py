@@ -14,7 +14,7 @@ from collections.abc import Callable
 from . import prompt_compile
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
-from .footprint import install_numba_savings, keep_freed_memory, release_free_heap
+from .footprint import install_numba_savings, release_free_heap
 from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
@@ -60,7 +60,6 @@ def load_model(
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
     install_numba_savings(KERNEL_CACHE_DIR)
-    keep_freed_memory()
     n_threads = configure_threads(threads)
     say("reading model header")
     file = open_gguf(path)
