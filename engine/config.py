@@ -101,7 +101,8 @@ class ModelConfig:
         local = tuple(bool(period) and i % period != period - 1 for i in range(n_layer))
         base_local = float(key("rope.freq_base_swa", float, spec.local_rope_base or rope_base))
         wide = spec.wide_scale_layers and n_layer == spec.wide_scale_layers
-        attn_scale = 1.0 / math.sqrt(d_model / n_head if wide else head_dim)
+        width = d_model / n_head if wide and n_head > 0 else head_dim
+        attn_scale = 1.0 / math.sqrt(width) if width > 0 else 0.0  # a size that is not positive is refused below
         softcaps = (0.0, 0.0)
         if spec.softcap:
             softcaps = (

@@ -132,3 +132,15 @@ def test_nonsense_float_metadata_is_refused(tmp_path: Path, key: str, value: flo
     meta[f"llama.{key}"] = value
     with pytest.raises(ModelFileError, match=key.split(".")[-1].replace("layer_norm_rms_epsilon", "epsilon")):
         ModelConfig.from_metadata(meta, n_vocab=tiny.n_vocab)
+
+
+@pytest.mark.parametrize("key", ["attention.key_length", "attention.head_count", "embedding_length"])
+def test_a_zero_size_is_refused_before_anything_divides_by_it(tmp_path: Path, key: str) -> None:
+    """A fuzzed header with key_length 0 once reached the attention scale's division (ZeroDivisionError)."""
+    from engine.config import ModelConfig
+
+    tiny = write_tiny_model(tmp_path / "m.gguf", "llama")
+    meta = dict(open_gguf(tiny.path).metadata)
+    meta[f"llama.{key}"] = 0
+    with pytest.raises(ModelFileError):
+        ModelConfig.from_metadata(meta, n_vocab=tiny.n_vocab)
