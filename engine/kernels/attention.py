@@ -298,18 +298,18 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
     r = i·group + g (query i of the block, head g of the group). A block takes the keys and values from its
     first query's oldest key to its last query's own, in float32, and computes scores = Q Kᵀ and out = P V by
     sgemm (at address sgemm_fn), the causal softmax between: so the masked corner of the scores is computed only
-    within a block. A parallel item is a block of one kv head, or in a prompt's first chunk a block and its
-    mirror (the first with the last, ...), so that every item has about the same work.
+    within a block. A parallel item is a block and its mirror (the first with the last, ...) of one kv head, so
+    that every item has about the same work.
     """
     t, n_head, hd = q.shape
     n_kv, cache_rows = kc.shape[0], kc.shape[1]
     group = n_head // n_kv
-    n_blocks, paired = _query_blocks(t, start, group, start + t - first_key(start, window), n_kv, n_threads)
-    per_kv = (n_blocks + 1) // 2 if paired else n_blocks  # items per kv head
-    for item in prange(n_kv * per_kv):
-        kv = item // per_kv
-        p = item % per_kv
-        for side in range(2 if paired else 1):
+    n_blocks = _query_blocks(t, group, start + t - first_key(start, window), n_kv, n_threads)
+    n_pairs = (n_blocks + 1) // 2
+    for item in prange(n_kv * n_pairs):
+        kv = item // n_pairs
+        p = item % n_pairs
+        for side in range(2):
             b = p if side == 0 else n_blocks - 1 - p
             if side == 1 and b == p:
                 continue
@@ -341,23 +341,11 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
 
 
 @njit(cache=True, nogil=True)
-def _query_blocks(t, start, group, most_keys, n_kv, n_threads):
-    """(blocks, paired): how attend_causal splits t queries at positions start.. into blocks, none of whose
-    scores (group·queries x most_keys) pass _MAX_BLOCK_SCORES, with every thread given as many items as the
-    others where t allows.
-
-    A prompt's first chunk (start < t) attends mostly to itself: blocks of QUERY_BLOCK queries skip most of the
-    causal corner, and a block goes with its mirror (paired) so that items cost the same. Later queries see
-    mostly older keys, so blocks cost about the same: as few as the threads need, each its own item.
-    """
-    most = max(1, _MAX_BLOCK_SCORES // (group * most_keys))
-    if start < t:
-        per_block = min(QUERY_BLOCK, most)
-        pairs = ((t + per_block - 1) // per_block + 1) // 2
-        while (n_kv * pairs) % n_threads != 0 and 2 * pairs < t:
-            pairs += 1
-        return min(t, 2 * pairs), True
-    n = (t + most - 1) // most
-    while (n_kv * n) % n_threads != 0 and n < t:
-        n += 1
-    return n, False
+def _query_blocks(t, group, most_keys, n_kv, n_threads):
+    """How many blocks attend_causal splits t queries into: blocks of QUERY_BLOCK queries or fewer (fewer when
+    a block's scores, group·queries x most_keys, would pass _MAX_BLOCK_SCORES), and enough block pairs for every
+    thread."""
+    per_block = max(1, min(QUERY_BLOCK, _MAX_BLOCK_SCORES // (group * most_keys)))
+    n_blocks = (t + per_block - 1) // per_block
+    per_kv = (n_threads + n_kv - 1) // n_kv  # items each kv head needs for all threads to have one
+    return max(n_blocks, min(t, 2 * per_kv))
