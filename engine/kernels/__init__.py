@@ -469,14 +469,13 @@ def causal_attention(
     group = n_head // n_kv
     lo = max(0, start - window + 1) if window > 0 else 0  # the oldest key any of these queries sees
     rows = np.arange(lo, start + t) % kc.shape[1]  # (n_keys,) cache rows in position order
-    out = np.empty((t, n_head, hd), dtype=np.float32)
+    qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(n_kv, group * t, hd)  # rows (g, i) per kv head
+    out = np.empty((n_kv, group * t, hd), dtype=np.float32)  # (n_kv, group·t, hd)
     for kv in range(n_kv):
-        heads = slice(kv * group, (kv + 1) * group)
-        qg = q[:, heads].reshape(t * group, hd)  # rows i·group + g: query i, head g of this kv head's group
-        scores = np.matmul(qg, kc[kv, rows].astype(np.float32).T)  # (t·group, n_keys)
-        attention.causal_softmax(scores, 0, group, start, lo, scale, window, softcap)
-        out[:, heads] = np.matmul(scores, vc[kv, rows].astype(np.float32)).reshape(t, group, hd)
-    return out.reshape(t, n_head * hd)
+        scores = np.matmul(qg[kv], kc[kv, rows].astype(np.float32).T)  # (group·t, n_keys)
+        attention.causal_softmax(scores, 0, t, start, lo, scale, window, softcap)
+        np.matmul(scores, vc[kv, rows].astype(np.float32), out=out[kv])
+    return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
 
 
 _SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # 64-bit-integer (ILP64) cblas_sgemm, as NumPy ships

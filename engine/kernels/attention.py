@@ -19,9 +19,6 @@ from numba.extending import intrinsic
 
 # Scores of one parallel block are at most this many floats (16 MB): long contexts get more, smaller blocks.
 _MAX_BLOCK_SCORES = 1 << 22
-# Queries per block of a prompt's attention (attend_causal): a block computes its scores with every key up to
-# its last query, so smaller blocks skip more of the causal mask, and larger ones make larger products.
-QUERY_BLOCK = 32
 
 
 @intrinsic
@@ -217,18 +214,17 @@ def _row_max(row, first, last):
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def causal_exp(scores, i0, group, start, lo, scale, window, softcap, inv_total):
+def causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total):
     """scores (rows, K) in place -> exp(s' - max s') over the keys each row sees, 0 elsewhere, with
     s' = scale · s (soft-capped when softcap > 0), and inv_total (rows,) = 1 / the sum of each row:
     softmax(s') = scores · inv_total[:, None], which the caller applies to the (smaller) product with the
-    values instead. Column j is the key at position lo + j. Rows run over queries, then the `group` heads
-    sharing a kv head: row r is query i0 + r // group, at position start + that; it sees keys
-    first_key(its position, window) up to its own."""
+    values instead. Column j is the key at position lo + j. Row r is query (r0 + r) % t, at position start +
+    that (rows run over heads, then queries); it sees keys first_key(its position, window) up to its own."""
     rows, n_keys = scores.shape
     scale = np.float32(scale)
     cap = np.float32(softcap)
     for r in range(rows):
-        pos = start + i0 + r // group
+        pos = start + (r0 + r) % t
         first = first_key(pos, window) - lo
         last = pos - lo + 1
         row = scores[r]
@@ -252,10 +248,10 @@ def causal_exp(scores, i0, group, start, lo, scale, window, softcap, inv_total):
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def causal_softmax(scores, i0, group, start, lo, scale, window, softcap):
+def causal_softmax(scores, r0, t, start, lo, scale, window, softcap):
     """scores (rows, K) in place -> attention weights softmax(s'), rows and columns as in `causal_exp`."""
     inv_total = np.empty(scores.shape[0], dtype=np.float32)
-    causal_exp(scores, i0, group, start, lo, scale, window, softcap, inv_total)
+    causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
     for r in range(scores.shape[0]):
         scores[r] *= inv_total[r]
 
@@ -292,60 +288,43 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
     """t queries at positions start.., each over the cached keys it sees (first_key(pos, window)..pos).
 
     q (t, n_head, hd) float32; kc, vc (n_kv, cache_rows, hd) float16 bit patterns (uint16), position p in row
-    p % cache_rows, holding every position the queries see -> out (t, n_head·hd).
-
-    The queries go in blocks (`_query_blocks`), each block with the heads that share one kv head: rows
-    r = i·group + g (query i of the block, head g of the group). A block takes the keys and values from its
-    first query's oldest key to its last query's own, in float32, and computes scores = Q Kᵀ and out = P V by
-    sgemm (at address sgemm_fn), the causal softmax between: so the masked corner of the scores is computed only
-    within a block. A parallel item is a block and its mirror (the first with the last, ...) of one kv head, so
-    that every item has about the same work.
+    p % cache_rows, holding every position the queries see -> out (t, n_head·hd). The heads sharing a kv head
+    make rows r = g·t + i (head g of the group, query i); a parallel item is a block of one kv head's rows
+    (n_threads blocks per head, so that any number of kv heads shares evenly): its keys and values in float32,
+    in position order, scores = Q Kᵀ and out = P V by sgemm (at address sgemm_fn), the causal softmax between.
     """
     t, n_head, hd = q.shape
     n_kv, cache_rows = kc.shape[0], kc.shape[1]
     group = n_head // n_kv
-    n_blocks = _query_blocks(t, group, start + t - first_key(start, window), n_kv, n_threads)
-    n_pairs = (n_blocks + 1) // 2
-    for item in prange(n_kv * n_pairs):
-        kv = item // n_pairs
-        p = item % n_pairs
-        for side in range(2):
-            b = p if side == 0 else n_blocks - 1 - p
-            if side == 1 and b == p:
-                continue
-            i0 = b * t // n_blocks
-            i1 = (b + 1) * t // n_blocks
-            lo = first_key(start + i0, window)  # the oldest key the block's queries see
-            n_keys = start + i1 - lo
-            m = (i1 - i0) * group
-            a = np.empty((m, hd), dtype=np.float32)  # (m, hd) the block's queries
-            for r in range(m):
-                a[r] = q[i0 + r // group, kv * group + r % group]
-            keys = np.empty((n_keys, hd), dtype=np.float32)  # (n_keys, hd)
-            values = np.empty((n_keys, hd), dtype=np.float32)
-            for k in range(n_keys):
-                row = (lo + k) % cache_rows
-                for j in range(hd):
-                    keys[k, j] = half_to_float(kc[kv, row, j])
-                    values[k, j] = half_to_float(vc[kv, row, j])
-            scores = np.empty((m, n_keys), dtype=np.float32)  # (m, n_keys)
-            sgemm(sgemm_fn, True, m, n_keys, hd, a, hd, keys, hd, scores, n_keys)
-            inv_total = np.empty(m, dtype=np.float32)
-            causal_exp(scores, i0, group, start, lo, scale, window, softcap, inv_total)
-            o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
-            sgemm(sgemm_fn, False, m, hd, n_keys, scores, n_keys, values, hd, o, hd)
-            for r in range(m):
-                h = kv * group + r % group
-                for j in range(hd):
-                    out[i0 + r // group, h * hd + j] = o[r, j] * inv_total[r]
-
-
-@njit(cache=True, nogil=True)
-def _query_blocks(t, group, most_keys, n_kv, n_threads):
-    """How many blocks attend_causal splits t queries into: blocks of QUERY_BLOCK queries or fewer (fewer when
-    a block's scores, group·queries x most_keys, would pass _MAX_BLOCK_SCORES), and enough block pairs for every
-    thread."""
-    per_block = max(1, min(QUERY_BLOCK, _MAX_BLOCK_SCORES // (group * most_keys)))
-    n_blocks = (t + per_block - 1) // per_block
-    per_kv = (n_threads + n_kv - 1) // n_kv  # items each kv head needs for all threads to have one
-    return max(n_blocks, min(t, 2 * per_kv))
+    rows = group * t
+    lo = first_key(start, window)  # the oldest key any of these queries sees
+    n_pos = start + t - lo
+    parts = max(n_threads, (rows * n_pos + _MAX_BLOCK_SCORES - 1) // _MAX_BLOCK_SCORES)
+    step = (rows + parts - 1) // parts
+    for item in prange(n_kv * parts):
+        kv = item // parts
+        r0 = (item % parts) * step
+        r1 = min(rows, r0 + step)
+        if r1 <= r0:
+            continue
+        m = r1 - r0
+        a = np.empty((m, hd), dtype=np.float32)  # (m, hd) this block's queries
+        for r in range(r0, r1):
+            a[r - r0] = q[r % t, kv * group + r // t]
+        keys = np.empty((n_pos, hd), dtype=np.float32)  # (n_pos, hd)
+        values = np.empty((n_pos, hd), dtype=np.float32)
+        for p in range(n_pos):
+            row = (lo + p) % cache_rows
+            for j in range(hd):
+                keys[p, j] = half_to_float(kc[kv, row, j])
+                values[p, j] = half_to_float(vc[kv, row, j])
+        scores = np.empty((m, n_pos), dtype=np.float32)  # (m, n_pos)
+        sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
+        inv_total = np.empty(m, dtype=np.float32)
+        causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
+        o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
+        sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)
+        for r in range(r0, r1):
+            h = kv * group + r // t
+            for j in range(hd):
+                out[r % t, h * hd + j] = o[r - r0, j] * inv_total[r - r0]
