@@ -21,6 +21,8 @@ from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
 from .kernels import (
     DecodeLayer,
+    Scratch,
+    WeightMatrix,
     causal_attention,
     decode,
     embedding_rows,
@@ -168,6 +170,7 @@ class Model:
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
         self._lock = threading.Lock()
+        self._scratch = Scratch()  # a prompt pass's temporaries, reused by the next (under the lock)
 
     # -- text ------------------------------------------------------------------------------------------
 
@@ -257,35 +260,38 @@ class Model:
 
     def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> None:
         """x (t, d) at positions start.., in place, through layer li; its keys and values go into kc, vc."""
-        cfg, lw = self.cfg, self.weights.layers[li]
+        cfg, lw, work = self.cfg, self.weights.layers[li], self._scratch
         t, hd, eps = x.shape[0], cfg.head_dim, cfg.norm_eps
-        h = self._norm(x, lw.attn_norm, lw.attn_norm_b)
+
+        def product(name: str, m: WeightMatrix, h: np.ndarray) -> np.ndarray:  # (t, m.rows), in `name`
+            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work)
+
+        h = self._norm(x, lw.attn_norm, lw.attn_norm_b, out=work.take("norm", x.shape))
         biases = lw.bqkv or (None, None, None)
-        q, k, v = (self._bias(matmul(m, h), b) for m, b in zip(lw.wqkv, biases, strict=True))  # (t, heads·hd)
-        if lw.q_norm is not None:  # per head, before RoPE
-            q = rms_norm_rows(q.reshape(-1, hd), lw.q_norm, eps)  # (t·n_head, hd)
-            k = rms_norm_rows(k.reshape(-1, hd), lw.k_norm, eps)  # (t·n_kv, hd)
+        q, k, v = (self._bias(product(n, m, h), b) for n, m, b in zip("qkv", lw.wqkv, biases, strict=True))
+        if lw.q_norm is not None:  # per head, before RoPE, in place
+            rms_norm_rows(q.reshape(-1, hd), lw.q_norm, eps, out=q.reshape(-1, hd))  # (t·n_head, hd)
+            rms_norm_rows(k.reshape(-1, hd), lw.k_norm, eps, out=k.reshape(-1, hd))  # (t·n_kv, hd)
         # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
         # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
-        rows = [np.ascontiguousarray(a.reshape(t, -1)) for a in (q, k, v)]  # (t, heads·hd) each
         cos, sin = self._rope[li]
-        rope_into_cache(*rows, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
-        q = rows[0].reshape(t, cfg.n_head, hd)  # rotated and rounded in place
-        a = causal_attention(q, kc, vc, start, cfg.attn_scale, cfg.window(li), cfg.attn_softcap)  # (t, n_head·hd)
-        o = self._bias(matmul(lw.wo, a), lw.bo)  # (t, d)
+        rope_into_cache(q, k, v, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
+        window, scale, cap = cfg.window(li), cfg.attn_scale, cfg.attn_softcap
+        a = work.take("attention", (t, cfg.n_head * hd))  # (t, n_head·hd)
+        a = causal_attention(q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, out=a)
+        o = self._bias(product("o", lw.wo, a), lw.bo)  # (t, d)
         if lw.post_attn_norm is not None:
-            o = rms_norm_rows(o, lw.post_attn_norm, eps)
+            rms_norm_rows(o, lw.post_attn_norm, eps, out=o)
         x += o
-        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b)
-        if cfg.spec.ffn == "swiglu":
-            h = swiglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): silu(gate) * up
-        elif cfg.spec.ffn == "geglu":
-            h = geglu(matmul(lw.w_gate, h), matmul(lw.w_up, h))  # (t, d_ff): gelu(gate) * up
+        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b, out=work.take("norm", x.shape))
+        if cfg.spec.ffn in ("swiglu", "geglu"):  # (t, d_ff): act(gate) * up, into gate's buffer
+            gate, up = product("gate", lw.w_gate, h), product("up", lw.w_up, h)
+            h = (swiglu if cfg.spec.ffn == "swiglu" else geglu)(gate, up, out=gate)
         else:
-            h = gelu(self._bias(matmul(lw.w_up, h), lw.b_up))
-        f = self._bias(matmul(lw.w_down, h), lw.b_down)  # (t, d)
+            h = gelu(self._bias(product("up", lw.w_up, h), lw.b_up))
+        f = self._bias(product("down", lw.w_down, h), lw.b_down)  # (t, d)
         if lw.post_ffn_norm is not None:
-            f = rms_norm_rows(f, lw.post_ffn_norm, eps)
+            rms_norm_rows(f, lw.post_ffn_norm, eps, out=f)
         x += f
 
     def _fast_layers(self) -> list[DecodeLayer | None] | None:
@@ -316,9 +322,11 @@ class Model:
             )
         return layers
 
-    def _norm(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    def _norm(
+        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None
+    ) -> np.ndarray:
         if self.cfg.spec.norm == "rms":
-            return rms_norm_rows(x, weight, self.cfg.norm_eps)
+            return rms_norm_rows(x, weight, self.cfg.norm_eps, out=out)
         return layer_norm(x, weight, bias, self.cfg.norm_eps)
 
     @staticmethod

@@ -74,6 +74,7 @@ from ..formats import FORMATS, bf16, f16, f32  # noqa: E402
 from ..formats import QUANTIZED as _BLOCK_FORMATS  # noqa: E402
 from ..formats.fields import F16_TABLE  # noqa: E402
 from . import attention, cpu, decode, floats, packed, pages  # noqa: E402
+from .scratch import Scratch  # noqa: E402
 
 QUANTIZED = {t: f.code for t, f in _BLOCK_FORMATS.items()}  # the block formats, with their ggml type ids
 FLOAT_TYPES = (f32.TYPE, f16.TYPE, bf16.TYPE)
@@ -290,23 +291,29 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
     return outs
 
 
-def matmul(w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None) -> np.ndarray:
-    """xs (t, cols) @ W.T -> (t, rows) float32.
+def matmul(
+    w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None, out: np.ndarray | None = None,
+    scratch: Scratch | None = None,
+) -> np.ndarray:  # fmt: skip
+    """xs (t, cols) @ W.T -> (t, rows) float32, into out where given (C-contiguous).
 
     Repacked types run the decode kernels on every row of xs, each quantized to int8 per 32 values as in
-    `matvec`; the others (and `exact=True`) dequantize W a tile at a time and multiply with BLAS.
+    `matvec` (into scratch's buffers where given); the others (and `exact=True`) dequantize W a tile at a
+    time and multiply with BLAS.
     """
     if exact is None:
         exact = _float_products
     t = xs.shape[0]
+    out = np.empty((t, w.rows), dtype=np.float32) if out is None else out
     if t == 1 and not exact:
-        return matvec(w, xs[0])[None, :]
-    out = np.empty((t, w.rows), dtype=np.float32)
+        matvec(w, xs[0], out[0])
+        return out
     if w.ggml_type == f32.TYPE:
         return np.matmul(xs, w.data.T, out=out)
     p = w.prepare().packed
     if p is not None and not exact:
-        packed.matmul(p.q, p.s, p.code, np.ascontiguousarray(xs, dtype=np.float32), out)
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        packed.matmul(p.q, p.s, p.code, xs, out, *packed.row_buffers(t, w.cols, scratch and scratch.take))
         return out
     if w.ggml_type in _HALF_TYPES and blas_sgemm_address():
         xs = np.ascontiguousarray(xs, dtype=np.float32)
@@ -397,10 +404,11 @@ class DecodeLayer:
         )  # fmt: skip
 
 
-def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm of every row of x (t, d) float32 -> (t, d), rows in parallel, each as the decode layer's."""
+def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """RMSNorm of every row of x (t, d) float32 -> (t, d), rows in parallel, each as the decode layer's; into
+    out where given (x itself may be out)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
     decode.rms_norm_rows(x, w, eps, out)
     return out
 
@@ -420,48 +428,51 @@ def rope_into_cache(
     )
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up for gate, up (t, d_ff) float32 -> (t, d_ff) float32, compiled and parallel."""
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """silu(gate) * up for gate, up (t, d_ff) float32 -> (t, d_ff) float32, compiled and parallel; into out
+    where given (gate itself may be out)."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     up = np.ascontiguousarray(up, dtype=np.float32)
-    out = np.empty_like(gate)
+    out = np.empty_like(gate) if out is None else out
     attention.swiglu(gate, up, out)
     return out
 
 
-def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gelu(gate) * up as ggml rounds it (attention.gelu_half), gate, up (t, d_ff) float32 -> (t, d_ff)."""
+def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gelu(gate) * up as ggml rounds it (attention.gelu_half), gate, up (t, d_ff) float32 -> (t, d_ff); into
+    out where given (gate itself may be out)."""
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     up = np.ascontiguousarray(up, dtype=np.float32)
-    out = np.empty_like(gate)
+    out = np.empty_like(gate) if out is None else out
     attention.geglu(gate, up, out)
     return out
 
 
 def causal_attention(
     q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
-    scale: float | None = None, window: int = 0, softcap: float = 0.0,
+    scale: float | None = None, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Queries at positions start.. over the cached keys each one sees: up to its own position, and within
     the last `window` positions when window > 0.
 
-    q (t, n_head, hd); kc, vc (n_kv, rows, hd) float16, position p in row p % rows -> (t, n_head·hd) float32.
-    Scores are scale · q·k (default 1/√hd), soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h
-    reads kv head h // (n_head / n_kv). Blocks of queries run in parallel, each with single-threaded BLAS
-    products (attention.attend_causal); without a usable BLAS sgemm, the same arithmetic runs here in NumPy.
+    q (t, n_head, hd); kc, vc (n_kv, rows, hd) float16, position p in row p % rows -> (t, n_head·hd) float32,
+    into out where given (except without BLAS: use the result). Scores are scale · q·k (default 1/√hd),
+    soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h reads kv head h // (n_head / n_kv). Blocks
+    of queries run in parallel, each with single-threaded BLAS products (attention.attend_causal); without a
+    usable BLAS sgemm, the same arithmetic runs here in NumPy.
     """
     t, n_head, hd = q.shape
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
     q = np.ascontiguousarray(q, dtype=np.float32)
     kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
     if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
-        out = np.empty((1, n_head * hd), dtype=np.float32)
+        out = np.empty((1, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
         attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, threads, out[0])
         return out
     fn = blas_sgemm_address()
     if fn:
-        out = np.empty((t, n_head * hd), dtype=np.float32)
+        out = np.empty((t, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
         attention.attend_causal(fn, q, kc16, vc16, start, scale, window, softcap, threads, out)
         return out

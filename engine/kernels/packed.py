@@ -207,9 +207,19 @@ def matvec_reference(q, s, code, x, out):
             out[g * ROWS + r] = acc[r]
 
 
+def row_buffers(t: int, n: int, take=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`matmul`'s buffers for t rows of n values: xq int8 (t, n/32, 32), dx float32 (t, n/32), xsum int32
+    (t, n/32, 2), xq2 int8 (t, n/32, 64); from take(name, shape, dtype) (a Scratch's) where given."""
+    take = take or (lambda _name, shape, dtype: np.empty(shape, dtype=dtype))
+    nb = n // 32
+    return (take("xq", (t, nb, 32), np.int8), take("dx", (t, nb), np.float32),
+            take("xsum", (t, nb, 2), np.int32), take("xq2", (t, nb, 64), np.int8))  # fmt: skip
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def matmul(q, s, code, xs, out):
-    """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill).
+def matmul(q, s, code, xs, out, xq, dx, xsum, xq2):
+    """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill), into the caller's
+    buffers xq, dx, xsum, xq2 (`row_buffers`).
 
     A parallel item is one row group for several tokens: its weights come from memory once and from cache for
     the other tokens, which run TILE at a time through group_simd_tile (decoding the weight bytes once per
@@ -217,12 +227,7 @@ def matmul(q, s, code, xs, out):
     one token through group_simd; more go PER_ITEM to an item. Either way each token's row of out equals
     `matvec` of it, bit for bit.
     """
-    t, n = xs.shape
-    nb = n // 32
-    xq = np.empty((t, nb, 32), dtype=np.int8)
-    dx = np.empty((t, nb), dtype=np.float32)
-    xsum = np.empty((t, nb, 2), dtype=np.int32)
-    xq2 = np.empty((t, nb, 64), dtype=np.int8)
+    t = xs.shape[0]
     for i in prange(t):
         quantize_into(xs[i], xq[i], dx[i], xsum[i])
         double_pairs(xq[i], xq2[i])

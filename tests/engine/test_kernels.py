@@ -268,7 +268,8 @@ def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
         for n_tok in (1, 2, 5, 8, packed.LEAD_MAX, packed.LEAD_MAX + 1, 37):
             xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
             got = np.empty((n_tok, rows), dtype=np.float32)
-            packed.matmul(p.q, p.s, p.code, xs, got)  # directly: the wrapper sends one token to matvec
+            # directly: the wrapper sends one token to matvec
+            packed.matmul(p.q, p.s, p.code, xs, got, *packed.row_buffers(*xs.shape))
             for i in range(n_tok):
                 np.testing.assert_array_equal(got[i], matvec(w, xs[i]), err_msg=f"{rows} rows, token {i}/{n_tok}")
 
