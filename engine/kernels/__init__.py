@@ -448,6 +448,11 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np
     return out
 
 
+# Passes of up to this many tokens (a draft's check) attend each query as the one-token kernel does, so their
+# logits are a plain decode's bit for bit and greedy output never leaves it at a near-tie; longer ones use BLAS.
+SHORT_PASS = packed.LEAD_MAX
+
+
 def causal_attention(
     q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
     scale: float | None = None, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None,
@@ -469,6 +474,10 @@ def causal_attention(
         out = np.empty((1, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
         attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, threads, out[0])
+        return out
+    if t <= SHORT_PASS:
+        out = np.empty((t, n_head * hd), dtype=np.float32) if out is None else out
+        attention.attend_rows(q.reshape(t, -1), kc16, vc16, start, n_head, scale, window, softcap, out)
         return out
     fn = blas_sgemm_address()
     if fn:

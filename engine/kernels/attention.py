@@ -79,12 +79,23 @@ def silu(g):
     return g * sig
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath={"contract"})
+# The gated activations row by row, one compiled loop each that the prompt path (swiglu, geglu) and the one-token
+# layer (decode.layer) both call: inlined into each caller, silu took the caller's fast-math flags, and 0.5% of
+# its values came out a rounding apart, enough to move a drafted token's logits off a plain decode's.
+
+
+@njit(cache=True, nogil=True, fastmath={"contract"})
+def swiglu_row(gate, up, out):
+    """out (n,) = silu(gate) * up; out may be up."""
+    for j in range(gate.shape[0]):
+        out[j] = silu(gate[j]) * up[j]
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def swiglu(gate, up, out):
     """out (t, d_ff) = silu(gate) * up, rows in parallel."""
     for i in prange(gate.shape[0]):
-        for j in range(gate.shape[1]):
-            out[i, j] = silu(gate[i, j]) * up[i, j]
+        swiglu_row(gate[i], up[i], out[i])
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -104,12 +115,18 @@ def gelu_half(g):
     return half_to_float(float_to_half(y))
 
 
+@njit(cache=True, nogil=True)
+def geglu_row(gate, up, out):
+    """out (n,) = gelu_half(gate) * up; out may be up."""
+    for j in range(gate.shape[0]):
+        out[j] = gelu_half(gate[j]) * up[j]
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def geglu(gate, up, out):
     """out (t, d_ff) = gelu_half(gate) * up, rows in parallel."""
     for i in prange(gate.shape[0]):
-        for j in range(gate.shape[1]):
-            out[i, j] = gelu_half(gate[i, j]) * up[i, j]
+        geglu_row(gate[i], up[i], out[i])
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -153,6 +170,17 @@ def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, threads, out):
         kv, part = item // splits, item % splits
         g0, g1 = part * group // splits, (part + 1) * group // splits
         attend_heads(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, pos, scale, window, softcap, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def attend_rows(q, kc, vc, start, n_head, scale, window, softcap, out):
+    """A short pass's queries, row i at position start + i, each as `attend_one` attends it (so a drafted
+    token's pass gives the logits decoding it alone would): q, out (t, n_head·hd); kc, vc as attend_one's."""
+    n_kv = kc.shape[0]
+    group = n_head // n_kv
+    for item in prange(q.shape[0] * n_kv):
+        i, kv = item // n_kv, item % n_kv
+        attend_heads(q[i], kc[kv], vc[kv], kv * group, group, start + i, scale, window, softcap, out[i])
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})

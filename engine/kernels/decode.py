@@ -22,7 +22,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import floats, packed
-from .attention import attend_one, float_to_half, gelu_half, half_to_float, silu
+from .attention import attend_one, float_to_half, geglu_row, half_to_float, swiglu_row
 
 # FFN kinds, as `layer` takes them (engine/families.py names them).
 FFN_KINDS = {"swiglu": 0, "geglu": 1, "gelu": 2}
@@ -288,11 +288,9 @@ def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, c
         gate = np.empty(d_ff, dtype=np.float32)
         products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
         if ffn == 1:
-            for i in range(d_ff):
-                up[i] *= gelu_half(gate[i])
+            geglu_row(gate, up, up)
         else:
-            for i in range(d_ff):
-                up[i] *= silu(gate[i])
+            swiglu_row(gate, up, up)
     product(w_down, up, h, parallel_min_bytes)
     add_bias(h, biases[5])
     if norms[7].shape[0]:
