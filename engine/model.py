@@ -219,18 +219,22 @@ class Model:
             raise ValueError(f"token id out of range [0, {self.cfg.n_vocab})")
         return arr
 
-    def forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool) -> np.ndarray:
+    def forward(
+        self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool, rowwise: bool = False
+    ) -> np.ndarray:
         """Run ids at positions start.. through the model, writing their K/V into cache.
 
-        Returns logits (1, n_vocab) for the last token when last_only, else (t, n_vocab).
+        Returns logits (1, n_vocab) for the last token when last_only, else (t, n_vocab). With rowwise, every
+        row's logits are those of decoding its token alone, bit for bit, at any length (draft checks; passes
+        of up to kernels.SHORT_PASS tokens are so anyway).
         """
         with self._lock:
-            logits = self._forward(ids, cache, start, last_only)
+            logits = self._forward(ids, cache, start, last_only, rowwise)
             if cache.ring_rows is not None:  # positions before this are overwritten in the rings
                 cache.low = max(cache.low, start + len(ids) - cache.ring_rows)
             return logits
 
-    def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool, rowwise: bool) -> np.ndarray:
         cfg, w = self.cfg, self.weights
         t = len(ids)
         x = embedding_rows(w.token_embd, ids)  # (t, d)
@@ -249,7 +253,7 @@ class Model:
             if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as _layer
                 fast[li](x[0], start, kc, vc, cos[start], sin[start])
             else:
-                self._layer(li, x, kc, vc, start)
+                self._layer(li, x, kc, vc, start, rowwise)
         if last_only:
             x = x[-1:]
         if self.offload is not None and self.offload.runs_output:
@@ -258,7 +262,7 @@ class Model:
         logits = matmul(w.output, x)  # (t, n_vocab)
         return soft_cap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
-    def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int) -> None:
+    def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, rowwise: bool) -> None:
         """x (t, d) at positions start.., in place, through layer li; its keys and values go into kc, vc."""
         cfg, lw, work = self.cfg, self.weights.layers[li], self._scratch
         t, hd, eps = x.shape[0], cfg.head_dim, cfg.norm_eps
@@ -278,7 +282,7 @@ class Model:
         rope_into_cache(q, k, v, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
         window, scale, cap = cfg.window(li), cfg.attn_scale, cfg.attn_softcap
         a = work.take("attention", (t, cfg.n_head * hd))  # (t, n_head·hd)
-        a = causal_attention(q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, out=a)
+        a = causal_attention(q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, a, rowwise)
         o = self._bias(product("o", lw.wo, a), lw.bo)  # (t, d)
         if lw.post_attn_norm is not None:
             rms_norm_rows(o, lw.post_attn_norm, eps, out=o)
@@ -367,14 +371,15 @@ class Session:
         return logits[0]
 
     def eval_all(self, ids: Sequence[int]) -> np.ndarray:
-        """Append ids to the cache; return float32 (len(ids), n_vocab) logits, one row per id (draft checks)."""
+        """Append ids to the cache; return float32 (len(ids), n_vocab) logits, one row per id, each bit for bit
+        what decoding that id alone would give (draft checks)."""
         arr = self.model._check_ids(ids)
         if self.n_past + len(arr) > self.n_ctx:
             raise ContextFullError(f"{self.n_past} cached + {len(arr)} new tokens exceed the context of {self.n_ctx}")
         parts = []
         for i in range(0, len(arr), PREFILL_CHUNK):
             chunk = arr[i : i + PREFILL_CHUNK]
-            parts.append(self.model.forward(chunk, self.cache, self.n_past, last_only=False))
+            parts.append(self.model.forward(chunk, self.cache, self.n_past, last_only=False, rowwise=True))
             self.tokens.extend(int(t) for t in chunk)
         return np.concatenate(parts, axis=0)
 

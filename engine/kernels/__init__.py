@@ -456,6 +456,7 @@ SHORT_PASS = packed.LEAD_MAX
 def causal_attention(
     q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
     scale: float | None = None, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None,
+    rowwise: bool = False,
 ) -> np.ndarray:  # fmt: skip
     """Queries at positions start.. over the cached keys each one sees: up to its own position, and within
     the last `window` positions when window > 0.
@@ -464,7 +465,8 @@ def causal_attention(
     into out where given (except without BLAS: use the result). Scores are scale · q·k (default 1/√hd),
     soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h reads kv head h // (n_head / n_kv). Blocks
     of queries run in parallel, each with single-threaded BLAS products (attention.attend_causal); without a
-    usable BLAS sgemm, the same arithmetic runs here in NumPy.
+    usable BLAS sgemm, the same arithmetic runs here in NumPy. Passes of up to SHORT_PASS queries, and any with
+    rowwise, run each query through the one-token kernel instead (attention.attend_rows).
     """
     t, n_head, hd = q.shape
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
@@ -475,7 +477,7 @@ def causal_attention(
         threads = get_num_threads()
         attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, threads, out[0])
         return out
-    if t <= SHORT_PASS:
+    if t <= SHORT_PASS or rowwise:
         out = np.empty((t, n_head * hd), dtype=np.float32) if out is None else out
         attention.attend_rows(q.reshape(t, -1), kc16, vc16, start, n_head, scale, window, softcap, out)
         return out
