@@ -23,7 +23,7 @@ from engine.sampling import Sampler, SamplingSettings, distribution
 from engine.sequences import common_prefix
 from engine.speculative import PACE_FIRST_PAUSE, LookupDrafter, ModelDrafter, Pace, check_same_vocab
 
-from .compare import assert_cache_exactly_fresh, spread
+from .compare import assert_cache_exactly_fresh
 from .synthetic import write_tiny_model
 
 GREEDY = SamplingSettings(temperature=0.0, max_tokens=48)
@@ -33,7 +33,6 @@ CODE = (
 )
 REWRITE = [Message("user", "Rewrite this code with the function scale renamed to multiply_all:\n\n" + CODE)]
 STORY = [Message("user", "Tell me a short story about a lighthouse keeper.")]
-NEAR_TIE = 0.02  # of the logits' spread: where the prefill and one-token arithmetic may pick differently
 
 
 def run(chat: ChatSession, messages: list[Message]) -> tuple[list[TokenEvent], TurnStats]:
@@ -47,15 +46,14 @@ def ids_of(events: list[TokenEvent]) -> list[int]:
     return [e.token_id for e in events]
 
 
-def assert_same_greedy(model, prompt: list[int], plain: list[int], ours: list[int]) -> None:
-    """Token for token the same; a divergence is allowed only where plain decoding's top two were a near-tie
-    (the verification pass sums in another order than the one-token pass), and everything before it agrees."""
-    if ours == plain:
-        return
-    at = next(i for i, (a, b) in enumerate(zip(plain, ours, strict=False)) if a != b)
-    fresh = model.logits(prompt + plain[:at])[-1]
-    first, second = np.sort(fresh)[-2:][::-1]
-    assert first - second <= NEAR_TIE * spread(fresh), f"greedy replies differ at token {at} without a near-tie"
+def assert_same_greedy(plain: list[int], ours: list[int]) -> None:
+    """Token for token the same, near-ties included: a draft check's rows are plain decode's bit for bit
+    (tests/engine/test_decode_path.py), so nothing may differ."""
+    if ours != plain:
+        at = next((i for i, (a, b) in enumerate(zip(plain, ours, strict=False)) if a != b), min(len(plain), len(ours)))
+        raise AssertionError(
+            f"greedy replies differ from token {at} on: plain {plain[at : at + 5]}, drafted {ours[at : at + 5]}"
+        )
 
 
 class FixedDrafter:
@@ -186,9 +184,8 @@ def test_greedy_equals_plain_decoding(smollm2_model, kind: str, messages) -> Non
     chat = ChatSession(smollm2_model, GREEDY, drafter=drafter)
     events, stats = run(chat, messages)
     prompt = chat.prompt_tokens(messages)
-    assert_same_greedy(smollm2_model, prompt, ids_of(plain_events), ids_of(events))
-    if ids_of(events) == ids_of(plain_events):
-        assert stats.reply == plain_stats.reply
+    assert_same_greedy(ids_of(plain_events), ids_of(events))
+    assert stats.reply == plain_stats.reply
     assert chat.cached_tokens == (prompt + ids_of(events))[: len(chat.cached_tokens)]
     if kind == "draft-model":  # its own draft: every confident guess is right
         assert stats.draft_accepted > 0 and stats.tokens_per_pass > 1
@@ -202,7 +199,7 @@ def test_greedy_equals_plain_decoding_on_qwen(qwen_model) -> None:
     plain = ids_of(run(ChatSession(qwen_model, GREEDY), REWRITE)[0])
     chat = ChatSession(qwen_model, GREEDY, drafter=LookupDrafter())
     events, stats = run(chat, REWRITE)
-    assert_same_greedy(qwen_model, chat.prompt_tokens(REWRITE), plain, ids_of(events))
+    assert_same_greedy(plain, ids_of(events))
     assert stats.draft_accepted > 0
 
 
@@ -218,7 +215,7 @@ def test_rejected_guesses_leave_the_cache(smollm2_model) -> None:
         chat = ChatSession(smollm2_model, settings, drafter=FixedDrafter([13, 13, 13]))
         events, stats = run(chat, STORY)
         assert stats.draft_tokens > 0 and stats.draft_accepted < stats.draft_tokens
-        assert_same_greedy(smollm2_model, chat.prompt_tokens(STORY), plain, ids_of(events))
+        assert_same_greedy(plain, ids_of(events))
         prompt = chat.prompt_tokens(STORY)
         visible = prompt + ids_of(events)
         assert chat.cached_tokens == visible[: len(chat.cached_tokens)]
@@ -443,6 +440,6 @@ def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_model) -
     drafter = ModelDrafter(qwen_model, qwen15_model)
     chat = ChatSession(qwen15_model, settings, drafter=drafter)
     events, stats = run(chat, REWRITE)
-    assert_same_greedy(qwen15_model, chat.prompt_tokens(REWRITE), plain, ids_of(events))
+    assert_same_greedy(plain, ids_of(events))
     assert stats.draft_accepted > 0 and stats.tokens_per_pass > 1
     assert chat.cached_tokens[: len(drafter.cached_tokens)] == drafter.cached_tokens
