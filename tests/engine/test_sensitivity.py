@@ -120,9 +120,9 @@ def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, mon
     down = model.weights.layers[-1].w_down
     seen: list[np.ndarray] = []
 
-    def remember_norm_input(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    def remember_norm_input(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
         seen[:] = [x]
-        return norm(x, w, eps)
+        return norm(x, w, eps, out=out)
 
     def without_residual(w: WeightMatrix, xs: np.ndarray, **kwargs: bool) -> np.ndarray:
         out = matmul(w, xs, **kwargs)
@@ -137,7 +137,7 @@ def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, mon
 def grouped_attention(kv_of_head: Callable[[np.ndarray, int, int], np.ndarray]) -> Callable[..., np.ndarray]:
     """causal_attention as the oracle's NumPy `attention`, query head h reading kv head kv_of_head(h, ...)."""
 
-    def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float) -> np.ndarray:
+    def attend(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float, **_: object) -> np.ndarray:
         n_head, n_kv, n_pos = q.shape[1], kc.shape[0], start + len(q)
         heads = kv_of_head(np.arange(n_head), n_head, n_kv)
         k = kc[heads, :n_pos].astype(np.float32)  # (n_head, n_pos, hd): one kv head per query head
@@ -167,8 +167,8 @@ def test_wrong_softmax_scale_fails_the_reference(
     real = engine.model.causal_attention
     hd = model.cfg.head_dim
 
-    def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float) -> np.ndarray:
-        return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start, *layer)  # the layer's 1/sqrt(hd) on top: 1/hd
+    def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float, **kw) -> np.ndarray:
+        return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start, *layer, **kw)  # the layer's 1/sqrt(hd) on top: 1/hd
 
     monkeypatch.setattr(engine.model, "causal_attention", scaled_twice)
     with pytest.raises(AssertionError):
