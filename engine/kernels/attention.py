@@ -81,10 +81,12 @@ def silu(g):
 
 # The gated activations row by row, one compiled loop each that the prompt path (swiglu, geglu) and the one-token
 # layer (decode.layer) both call: inlined into each caller, silu took the caller's fast-math flags, and 0.5% of
-# its values came out a rounding apart, enough to move a drafted token's logits off a plain decode's.
+# its values came out a rounding apart, enough to move a drafted token's logits off a plain decode's. No FMA
+# contraction, as the one-token layer computed it before: with it, Qwen 0.5B's greedy golden run left
+# llama.cpp's tokens at step 2 by 0.155 logits (tests/engine/test_golden.py, Intel Xeon).
 
 
-@njit(cache=True, nogil=True, fastmath={"contract"})
+@njit(cache=True, nogil=True)
 def swiglu_row(gate, up, out):
     """out (n,) = silu(gate) * up; out may be up."""
     for j in range(gate.shape[0]):

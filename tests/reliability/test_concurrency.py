@@ -37,14 +37,14 @@ class ForwardMonitor:
         self.peak = 0
         self.entries: list[int] = []  # thread idents, in order of entry
 
-    def __call__(self, ids, cache, start, last_only):
+    def __call__(self, ids, cache, start, last_only, rowwise):
         with self._guard:
             self.inside += 1
             self.peak = max(self.peak, self.inside)
             self.entries.append(threading.get_ident())
         try:
             time.sleep(0.0005)  # widen the window: without the lock, overlapping entries would be near certain
-            return self._real(ids, cache, start, last_only)
+            return self._real(ids, cache, start, last_only, rowwise)
         finally:
             with self._guard:
                 self.inside -= 1
