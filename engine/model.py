@@ -237,7 +237,7 @@ class Model:
     def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool, rowwise: bool) -> np.ndarray:
         cfg, w = self.cfg, self.weights
         t = len(ids)
-        x = embedding_rows(w.token_embd, ids)  # (t, d)
+        x = embedding_rows(w.token_embd, ids, w.token_rows)  # (t, d)
         if cfg.embed_scale != 1.0:
             x *= np.float32(cfg.embed_scale)
         if w.position_embd is not None:

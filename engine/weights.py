@@ -11,6 +11,7 @@ from .config import ModelConfig
 from .errors import ModelFileError, UnsupportedModelError
 from .gguf_file import GGUFFile, TensorEntry
 from .kernels import SUPPORTED_TYPES, WeightMatrix, dequantize
+from .kernels.pages import FileRows
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class LayerWeights:
 @dataclass(frozen=True)
 class Weights:
     token_embd: WeightMatrix  # (n_vocab, d)
+    token_rows: FileRows | None  # token_embd's rows read from the file, where the platform can
     position_embd: np.ndarray | None  # (n_ctx_train, d) for learned positions
     output_norm: np.ndarray
     output_norm_b: np.ndarray | None
@@ -145,6 +147,7 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
     pos = ts.get("position_embd.weight")
     return Weights(
         token_embd=token_embd,
+        token_rows=FileRows.of(token_embd.data),
         position_embd=dequantize(_matrix(pos)) if pos is not None else None,
         output_norm=_vector(ts["output_norm.weight"]),
         output_norm_b=_vector(ts.get("output_norm.bias")),

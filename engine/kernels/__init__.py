@@ -327,13 +327,23 @@ def matmul(
     return out
 
 
-def embedding_rows(w: WeightMatrix, ids: np.ndarray) -> np.ndarray:
+def embedding_rows(w: WeightMatrix, ids: np.ndarray, file_rows: pages.FileRows | None = None) -> np.ndarray:
     """Rows `ids` of W, decoded: (len(ids), cols) float32. Only those rows are ever expanded.
 
     Decoded from the file's bytes by the format's array-module decoder, in NumPy: 20-30 µs a token (SmolLM2,
     Qwen2.5 1.5B), where the compiled row decoders of every format cost a first start ~17 s of compiling.
+    With `file_rows` (a reader of w.data's file) the bytes are read from the file, so that looking rows up
+    never makes the mapped table resident (see pages.py); a failed read falls back to the mapping.
     """
-    rows = w.data[np.asarray(ids, dtype=np.int64)]  # (t, row_bytes) for block formats, a copy
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = None
+    if file_rows is not None:
+        try:
+            rows = file_rows.take(ids)
+        except OSError:
+            rows = None
+    if rows is None:
+        rows = w.data[ids]  # (t, row_bytes) for block formats, a copy
     if w.ggml_type in FLOAT_TYPES:
         return np.ascontiguousarray(_FLOAT_VALUES[w.ggml_type](rows), dtype=np.float32)  # rows is a copy already
     fmt = FORMATS[w.ggml_type]

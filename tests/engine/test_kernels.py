@@ -316,6 +316,40 @@ def test_prepare_releases_the_file_pages(smollm2_path) -> None:
     np.testing.assert_array_equal(embedding_rows(w, np.array([0, 1, 2])), oracle(t.ggml_type, head, 3, cols))
 
 
+@pytest.mark.skipif(not pages.is_supported(), reason="resident-size check reads Linux /proc")
+def test_embedding_rows_read_from_the_file_never_map_it(smollm2_path) -> None:
+    """Looking rows up maps none of the table: 256 rows of 612 bytes cost their copy, not a page (or a folio) each."""
+    t = open_gguf(smollm2_path).tensors["token_embd.weight"]  # 49152 x 576 Q8_0
+    cols, rows = t.shape
+    w = WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
+    reader = pages.FileRows.of(w.data)
+    assert reader is not None
+    ids = np.random.default_rng(0).permutation(rows)[:256]
+    before = _rss_bytes()
+    got = reader.take(ids)
+    grown = _rss_bytes() - before
+    assert grown < 600_000, f"RSS grew by {grown} bytes for {got.nbytes} bytes of rows"  # through the map: >= 1 MB
+    np.testing.assert_array_equal(got, w.data[ids])
+    np.testing.assert_array_equal(embedding_rows(w, ids, reader), embedding_rows(w, ids))
+    with pytest.raises(IndexError):
+        reader.take(np.array([rows]))
+
+
+def test_file_rows_keep_reading_the_file_that_was_mapped(tmp_path) -> None:
+    path = tmp_path / "table.bin"
+    table = np.arange(64 * 16, dtype=np.uint16).reshape(64, 16)
+    path.write_bytes(b"head" + table.tobytes())
+    view = np.memmap(path, mode="r", offset=4, dtype=np.uint16, shape=(64, 16))[8:40]
+    reader = pages.FileRows.of(view)
+    assert reader is not None
+    replacement = tmp_path / "new.bin"
+    replacement.write_bytes(bytes(4 + table.nbytes))
+    replacement.replace(path)  # another file under the same name
+    np.testing.assert_array_equal(reader.take(np.array([0, 31, 5])), table[8:40][[0, 31, 5]])
+    assert pages.FileRows.of(table) is None  # not a file mapping
+    assert pages.FileRows.of(np.memmap(path, mode="c", dtype=np.uint16, shape=(2, 8))) is None  # copy-on-write
+
+
 def test_release_never_touches_anonymous_memory() -> None:
     a = np.arange(1 << 20, dtype=np.uint8)
     assert not pages.release(a)
