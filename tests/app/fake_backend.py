@@ -237,7 +237,8 @@ async def send(pilot: Pilot, text: str, *, wait: bool = True) -> None:
 
 
 async def finished(pilot: Pilot) -> None:
-    await wait_for(pilot, lambda: not pilot.app.generating, what="the reply to finish")
+    # A generous bound: a real model's first reply in a process may include compiling kernels (CI's cold cache).
+    await wait_for(pilot, lambda: not pilot.app.generating, timeout=180, what="the reply to finish")
     await pilot.pause()
 
 
