@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -338,10 +338,8 @@ def embedding_rows(w: WeightMatrix, ids: np.ndarray, file_rows: pages.FileRows |
     ids = np.asarray(ids, dtype=np.int64)
     rows = None
     if file_rows is not None:
-        try:
+        with suppress(OSError):
             rows = file_rows.take(ids)
-        except OSError:
-            rows = None
     if rows is None:
         rows = w.data[ids]  # (t, row_bytes) for block formats, a copy
     if w.ggml_type in FLOAT_TYPES:
