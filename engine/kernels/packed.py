@@ -40,11 +40,11 @@ from . import cpu, simd
 TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
 PER_ITEM = 16  # tokens per parallel item of a prompt's `matmul`: a multiple of TILE
 # Up to this many tokens (a speculative verification pass) are one item per group. The first token streams the
-# group from memory through the one-token kernel, whose prefetching keeps more of it in flight than the tile
-# kernel's, and the rest find it in cache, TILE at a time. Over Qwen2.5-1.5B's matrices (2 threads, Zen 5) this
-# took a pass of 5 tokens from 57.6 to 47.1 ms, 6 from 65.7 to 52.1, 8 from 81.4 to 66.0 and 16 from 116 to 104
-# against tiles (or, under 8 tokens, one-token kernels) throughout. In a prompt's 16-token items the lead was
-# slower (256 tokens: 1,536 against 1,385 ms), and with 17-token items no faster.
+# group from memory through the one-token kernel, and the rest find it in cache, TILE at a time. Over
+# Qwen2.5-1.5B's matrices (2 threads, Zen 5, with the earlier per-block prefetching) this took a pass of 5 tokens
+# from 57.6 to 47.1 ms, 6 from 65.7 to 52.1, 8 from 81.4 to 66.0 and 16 from 116 to 104 against tiles (or, under
+# 8 tokens, one-token kernels) throughout. In a prompt's 16-token items the lead was slower (256 tokens: 1,536
+# against 1,385 ms), and with 17-token items no faster.
 LEAD_MAX = PER_ITEM + 1
 
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
@@ -112,60 +111,25 @@ def _tile(fmt: Format, kernels: KernelSet):
     return intrinsic(kernel)
 
 
-# One-token products stream their weights from memory once. A core that also decodes and multiplies them has
-# fewer loads in flight than a plain read, and the hardware prefetcher alone left a 1.5B model's products at
-# 19-29 GB/s where a plain read reached 36-40. Prefetching each block's bytes this far ahead, one request per
-# 64-byte line, measured 5-30% faster on Q4_K and Q6_K (2 threads, Zen 5, cold weights, the variants built in one
-# process and alternating; figures in the README's Performance section); one per 128 bytes was slower than none.
-PREFETCH_AHEAD = 4096
-_LINE = 64
-
-
-@intrinsic
-def prefetch_range(typingctx, a, off, nbytes):
-    """Ask the caches for a[off : off + nbytes], one line at a time (prefetcht0; never faults, even past a's end)."""
-
-    def codegen(context, builder, signature, args):
-        arr, off_, n_ = args
-        data = context.make_array(signature.args[0])(context, builder, arr).data
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = builder.module.globals.get("llvm.prefetch.p0i8")
-        if fn is None:
-            fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        base = builder.bitcast(builder.gep(data, [off_]), i8p)
-        read, keep, data_cache = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
-        with cgutils.for_range(builder, builder.udiv(n_, ir.Constant(I64, _LINE))) as loop:
-            line = builder.gep(base, [builder.mul(loop.index, ir.Constant(I64, _LINE))])
-            builder.call(fn, [line, read, keep, data_cache])
-        return context.get_dummy_value()
-
-    return types.void(a, types.int64, types.int64), codegen
-
-
 def _blocks(kernel, fmt: Format) -> Kernel:
-    """One token's `kernel` over the nb blocks of a group: block b at q0 + b*qstep, s0 + b*sstep, the bytes
-    PREFETCH_AHEAD further on requested first."""
+    """One token's `kernel` over the nb blocks of a group: block b at q0 + b*qstep, s0 + b*sstep."""
     block, per = fmt.block, fmt.block // 32  # values, and 32-blocks of x, per block
 
     @njit(inline="always", nogil=True)
     def blocks(qf, q0, qstep, sf, s0, sstep, xf, dx, xsf, nb, acc):
         for b in range(nb):
-            prefetch_range(qf, q0 + b * qstep + PREFETCH_AHEAD, qstep)
             kernel(qf, q0 + b * qstep, sf, s0 + b * sstep, xf, b * block, dx, xsf, b * per, acc)
 
     return blocks
 
 
 def _blocks_tile(kernel, fmt: Format) -> Kernel:
-    """TILE tokens' `kernel` over the nb blocks of a group (x0, b0: the first token's value and 32-block), the
-    bytes PREFETCH_AHEAD further on requested first: a verification pass of 8-16 tokens reads each group from
-    memory once, and the requests took 5-10% off it (Qwen2.5-1.5B's matrices, 2 threads, Zen 5)."""
+    """TILE tokens' `kernel` over the nb blocks of a group (x0, b0: the first token's value and 32-block)."""
     block, per = fmt.block, fmt.block // 32
 
     @njit(inline="always", nogil=True)
     def blocks(qf, q0, qstep, sf, s0, sstep, xf, xf2, x0, n, dxf, xsf, b0, nx, af, nb):
         for b in range(nb):
-            prefetch_range(qf, q0 + b * qstep + PREFETCH_AHEAD, qstep)
             so = s0 + b * sstep
             kernel(qf, q0 + b * qstep, sf, so, xf, xf2, x0 + b * block, n, dxf, xsf, b0 + b * per, nx, af)
 
