@@ -264,7 +264,7 @@ def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exa
 
 
 def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
-    """[W @ x for W in ws] (each (rows,) float32), weights of one packed type sharing one parallel launch.
+    """[W @ x for W in ws] (each (rows,) float32), the packed ones sharing one parallel launch.
 
     For projections of the same input: q, k, v or gate, up. Same numerics as `matvec`.
     """
@@ -272,22 +272,21 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
     if _float_products:
         return [matvec(w, x) for w in ws]
     outs = [np.empty(w.rows, dtype=np.float32) for w in ws]
-    groups: dict[int, list[int]] = {}
+    idx = []
     for i, w in enumerate(ws):
         if w.cols != x.shape[0]:
             raise ValueError(f"{w.name}: {w.cols} columns, x has {x.shape[0]}")
-        p = w.prepare().packed
-        if p is None:
+        if w.prepare().packed is None:
             matvec(w, x, outs[i])
         else:
-            groups.setdefault(p.code, []).append(i)
-    for code, idx in groups.items():
-        ps = [ws[i].packed for i in idx]
-        if len(idx) == 1 or sum(p.nbytes for p in ps) < PARALLEL_MIN_BYTES:
-            for i in idx:
-                matvec(ws[i], x, outs[i])
-        else:
-            packed.matvec_many(tuple(p.q for p in ps), tuple(p.s for p in ps), code, x, tuple(outs[i] for i in idx))
+            idx.append(i)
+    ps = [ws[i].packed for i in idx]
+    if len(idx) == 1 or sum(p.nbytes for p in ps) < PARALLEL_MIN_BYTES:
+        for i in idx:
+            matvec(ws[i], x, outs[i])
+    elif idx:
+        qs, ss, codes = tuple(p.q for p in ps), tuple(p.s for p in ps), tuple(p.code for p in ps)
+        packed.matvec_many(qs, ss, codes, x, tuple(outs[i] for i in idx))
     return outs
 
 

@@ -160,7 +160,7 @@ def _product(w, x, out, parallel_min_bytes):
 
 
 def products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
-    """oa, ob, oc = A x, B x, C x: one parallel launch when all three are packed in one format. Compiled only."""
+    """oa, ob, oc = A x, B x, C x: one parallel launch when all three are packed. Compiled only."""
     raise NotImplementedError("decode.products3 runs inside compiled kernels only")
 
 
@@ -169,9 +169,8 @@ def _products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
     if _is_packed(a) and _is_packed(b) and _is_packed(c):
 
         def packed_products(a, b, c, x, oa, ob, oc, parallel_min_bytes):
-            big = a[0].nbytes + b[0].nbytes + c[0].nbytes >= parallel_min_bytes
-            if big and a[2] == b[2] and a[2] == c[2]:
-                packed.matvec_many((a[0], b[0], c[0]), (a[1], b[1], c[1]), a[2], x, (oa, ob, oc))
+            if a[0].nbytes + b[0].nbytes + c[0].nbytes >= parallel_min_bytes:
+                packed.matvec_many((a[0], b[0], c[0]), (a[1], b[1], c[1]), (a[2], b[2], c[2]), x, (oa, ob, oc))
             else:
                 product(a, x, oa, parallel_min_bytes)
                 product(b, x, ob, parallel_min_bytes)
@@ -188,7 +187,7 @@ def _products3(a, b, c, x, oa, ob, oc, parallel_min_bytes):
 
 
 def products2(a, b, x, oa, ob, parallel_min_bytes):
-    """oa, ob = A x, B x: one parallel launch when both are packed in one format. Compiled only."""
+    """oa, ob = A x, B x: one parallel launch when both are packed. Compiled only."""
     raise NotImplementedError("decode.products2 runs inside compiled kernels only")
 
 
@@ -197,8 +196,8 @@ def _products2(a, b, x, oa, ob, parallel_min_bytes):
     if _is_packed(a) and _is_packed(b):
 
         def packed_products(a, b, x, oa, ob, parallel_min_bytes):
-            if a[0].nbytes + b[0].nbytes >= parallel_min_bytes and a[2] == b[2]:
-                packed.matvec_many((a[0], b[0]), (a[1], b[1]), a[2], x, (oa, ob))
+            if a[0].nbytes + b[0].nbytes >= parallel_min_bytes:
+                packed.matvec_many((a[0], b[0]), (a[1], b[1]), (a[2], b[2]), x, (oa, ob))
             else:
                 product(a, x, oa, parallel_min_bytes)
                 product(b, x, ob, parallel_min_bytes)

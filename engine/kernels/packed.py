@@ -255,10 +255,11 @@ def matmul(q, s, code, xs, out, xq, dx, xsum, xq2):
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matvec_many(qs, ss, code, x, outs):
-    """W_i @ x̂ -> outs[i] for several weights of one format and width, in one parallel launch.
+def matvec_many(qs, ss, codes, x, outs):
+    """W_i @ x̂ -> outs[i] for several packed weights of the same input, in one parallel launch.
 
-    qs, ss, outs: tuples of the weights' packed arrays and their outputs.
+    qs, ss, codes, outs: tuples of the weights' packed arrays, formats and outputs (the formats may differ: a
+    layer's small k and v, on one thread alone, left the other idle).
     """
     xq, dx, xsum = quantize_x(x)
     k = len(qs)
@@ -271,7 +272,7 @@ def matvec_many(qs, ss, code, x, outs):
             i += 1
         g = item - starts[i]
         acc = np.empty(ROWS, dtype=np.float32)
-        group_simd(qs[i], ss[i], code, g, xq, dx, xsum, acc)
+        group_simd(qs[i], ss[i], codes[i], g, xq, dx, xsum, acc)
         out = outs[i]
         for r in range(min(ROWS, out.shape[0] - g * ROWS)):
             out[g * ROWS + r] = acc[r]
