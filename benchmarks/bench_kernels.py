@@ -12,7 +12,9 @@ in alternating rounds, and the best round is reported (the machine may be shared
 disturbed one); "cpu" is bytes per CPU-second (process_time), which other processes disturb less than wall time
 but which also counts OpenMP threads spinning. --cold rotates through copies of the weight that together exceed
 the L3 cache, as decoding does; without it one weight is reused and mostly sits in cache.
---model times every matrix of a real model in decode order (one token's products) and projects tokens/s.
+--model times every matrix of a real model in decode order (one token's products) and projects tokens/s, beside
+"read": a plain read of the same packed bytes with the same split across threads (`plain_read`), the ceiling
+the products could stream at.
 """
 
 from __future__ import annotations
@@ -99,6 +101,21 @@ def _rebound(dispatcher, **names) -> types.FunctionType:
     """A compiled function's Python source with some of its globals replaced (to compile it again with them)."""
     py = dispatcher.py_func
     return types.FunctionType(py.__code__, {**py.__globals__, **names}, py.__name__, py.__defaults__, py.__closure__)
+
+
+@numba.njit(parallel=True, nogil=True)
+def plain_read(q, s, out):
+    """XOR of every 8 bytes of a packed weight's q and s, one row group per parallel iteration as `matvec`
+    splits them: the same bytes in the same order with no arithmetic, the streaming ceiling of a product."""
+    qf = q.reshape(q.shape[0], -1).view(np.uint64)
+    sf = s.reshape(s.shape[0], -1)
+    for g in numba.prange(q.shape[0]):
+        t = np.uint64(0)
+        for i in range(qf.shape[1]):
+            t ^= qf[g, i]
+        for i in range(sf.shape[1]):
+            t ^= np.uint64(sf[g, i])
+        out[g % out.shape[0]] = np.float32(t & np.uint64(1))
 
 
 def timed(fn, n: int) -> tuple[float, float]:
@@ -251,7 +268,11 @@ def bench_model(args: argparse.Namespace) -> None:
             for i in idx:
                 args.old.matvec(*olds[i], QUANTIZED[ws[i].ggml_type], xs[ws[i].cols], outs[i])
 
-        return {"new": new} if args.no_old else {"old": old, "new": new}
+        def read():
+            for i in idx:
+                plain_read(ws[i].packed.q, ws[i].packed.s, outs[i])
+
+        return {"new": new, "read": read} if args.no_old else {"old": old, "new": new, "read": read}
 
     def report(label: str, nbytes: int, best: dict) -> None:
         cells = [
@@ -259,6 +280,7 @@ def bench_model(args: argparse.Namespace) -> None:
             for name, (w, c) in best.items()
         ]
         ratio = f"  new/old {best['old'][0] / best['new'][0]:.2f}x" if "old" in best else ""
+        ratio += f"  new/read {best['read'][0] / best['new'][0]:.2f}x"
         print(f"  {label}: " + "; ".join(cells) + ratio)
 
     every = list(range(len(ws)))
@@ -288,7 +310,7 @@ def main() -> None:
     args = ap.parse_args()
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     args.old = None if args.no_old else OtherKernels(args.against)
-    args.isa = {"new": simd.KERNELS.isa, "old": args.against}
+    args.isa = {"new": simd.KERNELS.isa, "old": args.against, "read": "plain read"}
     print(
         f"threads {numba.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (1 min) / "
         f"{os.getloadavg()[1]:.1f} (5 min); new = {simd.KERNELS.isa} on {simd.TARGET_NAME}, old = {args.against}"
