@@ -281,12 +281,12 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
         else:
             idx.append(i)
     ps = [ws[i].packed for i in idx]
-    if len(idx) == 1 or sum(p.nbytes for p in ps) < PARALLEL_MIN_BYTES:
-        for i in idx:
-            matvec(ws[i], x, outs[i])
-    elif idx:
+    if len(ps) > 1 and sum(p.nbytes for p in ps) >= PARALLEL_MIN_BYTES:
         qs, ss, codes = tuple(p.q for p in ps), tuple(p.s for p in ps), tuple(p.code for p in ps)
         packed.matvec_many(qs, ss, codes, x, tuple(outs[i] for i in idx))
+    else:
+        for i in idx:
+            matvec(ws[i], x, outs[i])
     return outs
 
 
