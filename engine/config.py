@@ -20,6 +20,8 @@ PREFILL_CHUNK = 256
 
 ArchSpec = Family  # the name the rest of the code and the tests know the description by
 
+MAX_SIZE = 1 << 24  # any count or width in a model's metadata is below this, or the file is refused
+
 # rope.scaling.type values we run; any other (yarn, longrope, su, ...) is refused by name.
 _ROPE_SCALINGS = (None, "none", "linear")
 
@@ -94,11 +96,13 @@ class ModelConfig:
                 "(not supported)"
             )
         n_layer = key("block_count")
+        # Flags per layer are built here, before _check: over a size it refuses (a fuzzed 2**40), none at all.
+        layers = range(n_layer) if 0 < n_layer < MAX_SIZE else range(0)
         rope_base = float(key("rope.freq_base", float, 10000.0))
         # As llama.cpp: a file without a sliding window runs every layer global.
         window = max(0, key("attention.sliding_window", int, 0)) if spec.swa_period else 0
         period = spec.swa_period if window else 0
-        local = tuple(bool(period) and i % period != period - 1 for i in range(n_layer))
+        local = tuple(bool(period) and i % period != period - 1 for i in layers)
         base_local = float(key("rope.freq_base_swa", float, spec.local_rope_base or rope_base))
         wide = spec.wide_scale_layers and n_layer == spec.wide_scale_layers
         width = d_model / n_head if wide and n_head > 0 else head_dim
@@ -140,7 +144,7 @@ class ModelConfig:
         positive = ("n_vocab", "d_model", "n_layer", "n_head", "n_kv_head", "head_dim", "d_ff", "n_ctx_train")
         for name in positive:
             value = getattr(self, name)
-            if not 0 < value < 1 << 24:
+            if not 0 < value < MAX_SIZE:
                 raise ModelFileError(f"metadata {self.arch}: {name} = {value} is not a sane size")
         if self.n_head % self.n_kv_head:
             raise ModelFileError(

@@ -144,3 +144,15 @@ def test_a_zero_size_is_refused_before_anything_divides_by_it(tmp_path: Path, ke
     meta[f"llama.{key}"] = 0
     with pytest.raises(ModelFileError):
         ModelConfig.from_metadata(meta, n_vocab=tiny.n_vocab)
+
+
+def test_an_absurd_block_count_is_refused_without_building_per_layer_state(tmp_path: Path) -> None:
+    """A fuzzed block_count of 2**40 once built a tuple of that many per-layer flags before the size check
+    (the test run was killed for memory)."""
+    from engine.config import ModelConfig
+
+    tiny = write_tiny_model(tmp_path / "m.gguf", "llama")
+    meta = dict(open_gguf(tiny.path).metadata)
+    meta["llama.block_count"] = 2**40
+    with pytest.raises(ModelFileError, match="n_layer"):
+        ModelConfig.from_metadata(meta, n_vocab=tiny.n_vocab)
