@@ -145,12 +145,19 @@ def cpu_description() -> str:
         info.setdefault(key.strip(), value.strip())
     name, family = info.get("model name", "unknown CPU"), info.get("cpu family", "?")
     model = f"{name} (family {family}, model {info.get('model', '?')})"
+    probe = (
+        "from engine.kernels import simd; import threadpoolctl;"
+        "print(simd.KERNELS.isa, simd.TARGET_NAME, *(i.get('architecture', '?') for i in"
+        " threadpoolctl.threadpool_info() if i['user_api'] == 'blas'))"
+    )
     isa = subprocess.run(
-        [sys.executable, "-c", "from engine.kernels import simd; print(simd.KERNELS.isa, simd.TARGET_NAME)"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-    ).stdout.split()  # fmt: skip
-    kernels = f"our kernels: {isa[0]} (compiled for {isa[1]})" if len(isa) == 2 else "our kernels: unknown"
-    return f"CPU: {model}, {os.cpu_count()} cores; {kernels}"
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    ).stdout.split()
+    kernels = f"our kernels: {isa[0]} (compiled for {isa[1]})" if len(isa) >= 2 else "our kernels: unknown"
+    # Our prompt path's float16 products and attention run NumPy's OpenBLAS sgemm: which of its kernel families
+    # runs (OPENBLAS_CORETYPE may hold it to an older one) moves our prefill, and llama.cpp's not at all.
+    blas = f"; NumPy's OpenBLAS kernels: {isa[2]}" if len(isa) >= 3 else ""
+    return f"CPU: {model}, {os.cpu_count()} cores; {kernels}{blas}"
 
 
 def main() -> int:

@@ -437,11 +437,13 @@ def rope_into_cache(
 
 def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """silu(gate) * up for gate, up (t, d_ff) float32 -> (t, d_ff) float32, compiled and parallel; into out
-    where given (gate itself may be out)."""
-    gate = np.ascontiguousarray(gate, dtype=np.float32)
+    where given (gate itself may be out: the kernel runs in place, so any other out gets a copy of gate first)."""
     up = np.ascontiguousarray(up, dtype=np.float32)
-    out = np.empty_like(gate) if out is None else out
-    attention.swiglu(gate, up, out)
+    if out is None:
+        out = np.array(gate, dtype=np.float32, order="C")
+    elif out is not gate:
+        np.copyto(out, gate)
+    attention.swiglu(out, up, out)
     return out
 
 

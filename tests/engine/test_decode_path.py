@@ -204,3 +204,41 @@ def test_swiglu_matches_numpy() -> None:
     want = silu(gate.astype(np.float64)) * up
     got = kernels.swiglu(gate, up)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+
+
+def test_swiglu_in_place_and_apart_agree_bit_for_bit() -> None:
+    """The kernel runs silu in place over gate: into gate, into up, or into a third array, the results are the
+    same bits, and a caller's gate is left as it was unless it is the output."""
+    rng = np.random.default_rng(4)
+    gate = (rng.standard_normal((5, 700)) * 6).astype(np.float32)
+    up = rng.standard_normal(gate.shape).astype(np.float32)
+    kept = gate.copy()
+    apart = kernels.swiglu(gate, up)
+    np.testing.assert_array_equal(gate, kept)
+    into_gate = kernels.swiglu(gate.copy(), up)  # out=None on a copy, then in place on it:
+    g = gate.copy()
+    assert kernels.swiglu(g, up, out=g) is g
+    u = up.copy()
+    attention_kernels.swiglu(gate.copy(), u, u)  # the one-token layer's call: out is up
+    for got in (into_gate, g, u):
+        np.testing.assert_array_equal(got, apart)
+
+
+def test_gelu_table_is_the_formula_at_every_half() -> None:
+    """gelu_half looks ggml's GGML_GELU_FP16 table up: at every float16 value and at random float32 ones it
+    returns what the tanh formula gives at g rounded to float16, rounded to float16 (0 below -10, g above 10)."""
+    halves = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    rng = np.random.default_rng(5)
+    g = np.concatenate([halves, rng.uniform(-12, 12, 20_000).astype(np.float32)])
+    g = g[np.isfinite(g)]
+    got = kernels.geglu(g[None, :], np.ones((1, g.size), dtype=np.float32))[0]
+    x = g.astype(np.float16).astype(np.float32)
+    inner = np.float32(0.7978845608) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+    y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner.astype(np.float64)).astype(np.float32))
+    want = np.where(g <= -10, 0.0, np.where(g >= 10, g, y.astype(np.float16).astype(np.float32)))
+    # NumPy's tanh and libm's may differ in the last bit of float32, which can move a float16 rounding by one
+    # step at a tie's edge: allow one float16 step, on at most a few values in ten thousand.
+    step = np.abs(np.spacing(want.astype(np.float16)).astype(np.float32))
+    off = np.abs(got - want) > 0
+    assert np.all(np.abs(got - want)[off] <= step[off])
+    assert off.mean() < 1e-3
