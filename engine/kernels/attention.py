@@ -267,7 +267,7 @@ def causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total):
     softmax(s') = scores · inv_total[:, None], which the caller applies to the (smaller) product with the
     values instead. Column j is the key at position lo + j. Row r is query (r0 + r) % t, at position start +
     that (rows run over heads, then queries); it sees keys first_key(its position, window) up to its own."""
-    rows, n_keys = scores.shape
+    rows = scores.shape[0]
     scale = np.float32(scale)
     cap = np.float32(softcap)
     for r in range(rows):
@@ -275,23 +275,24 @@ def causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total):
         first = first_key(pos, window) - lo
         last = pos - lo + 1
         row = scores[r]
+        # The loops run over a view from 0: over range(first, last) they compiled 4x slower (Zen 5, 384 x 256
+        # scores: 28 -> 7 ms for 180 blocks), a start known only at run time defeating the vectorizer.
+        seen = row[first:last]
         if cap > 0:
-            for p in range(first, last):
-                row[p] = soft_cap(row[p] * scale, cap)
+            for p in range(seen.shape[0]):
+                seen[p] = soft_cap(seen[p] * scale, cap)
             step = np.float32(1.0)
         else:
             step = scale
-        top = _row_max(row, first, last)
-        total = np.float32(0.0)
-        for p in range(first, last):
-            e = exp_nonpositive((row[p] - top) * step)
-            row[p] = e
+        top = _row_max(seen, 0, seen.shape[0])
+        total = 0.0  # in float64, as ggml's softmax sums (ggml_vec_soft_max_f32)
+        for p in range(seen.shape[0]):
+            e = exp_nonpositive((seen[p] - top) * step)
+            seen[p] = e
             total += e
-        inv_total[r] = np.float32(1.0) / total
-        for p in range(first):
-            row[p] = 0.0
-        for p in range(last, n_keys):
-            row[p] = 0.0
+        inv_total[r] = np.float32(1.0 / total)
+        row[:first] = 0.0
+        row[last:] = 0.0
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
