@@ -146,11 +146,15 @@ def test_teacher_forced_logits_match_llama_cpp(case) -> None:
 # 0.962 (SmolLM2), 0.994 (Qwen 0.5B), 0.968 (Qwen 1.5B), 0.954 (Gemma 3); mean |Δ log p| 0.020-0.048; max
 # 0.143-0.396 (Gemma 3); the same to the last digit with AVX2 kernels and codegen (NUMBA_CPU_FEATURES of a
 # Zen 3). Bounds: agreement 1.3 points under the lowest, Δ ~20% over the largest.
+# Max |Δ log p| after the prompt softmax's sum moved to float64 (2026-12-04, Zen 5), with NumPy's OpenBLAS on its
+# Haswell kernels / its SkylakeX ones: SmolLM2 0.236 / 0.382, Qwen 0.152 / 0.160, Gemma 3 0.429 / 0.471, Qwen
+# 1.5B 0.167 / 0.233; the float32 sum before it: 0.327 / 0.342, 0.168 / 0.150, 0.396 / 0.322, 0.174 / 0.191.
+# One Gemma 3 position moves most with the summation order; the bound is ~20% over 0.471.
 LONG_TEACHER = {"smollm2": "teacher-smollm2-135m-instruct.json", "qwen": "teacher-qwen2.5-coder-0.5b-instruct.json",
                 "gemma3": "teacher-gemma3-270m.json", "qwen15": "teacher-qwen2.5-coder-1.5b-instruct.json"}  # fmt: skip
 LONG_MIN_AGREEMENT = 0.94
 LONG_MAX_MEAN_DLOGP = 0.058
-LONG_MAX_DLOGP = 0.48
+LONG_MAX_DLOGP = 0.56
 
 
 def test_teacher_forced_over_longer_texts_match_llama_cpp(case, golden_dir) -> None:
