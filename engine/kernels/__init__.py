@@ -396,6 +396,7 @@ class DecodeLayer:
         n_head, n_kv, hd, rope_dim, neox, ffn_kind, layer_norm, window = (int(v) for v in shape)
         self._shape = (n_head, n_kv, hd, rope_dim, neox, down.cols, ffn_kind, layer_norm, window)
         self._consts = tuple(float(c) for c in consts)
+        self._gelu = attention.gelu_table()  # GeGLU's table (float32 (65536,)), passed to every layer
 
     @staticmethod
     def fits(weights: Sequence[WeightMatrix | None]) -> bool:
@@ -407,7 +408,8 @@ class DecodeLayer:
         """x (d,) float32 in place; kc, vc (n_kv, rows, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
         decode.layer(
             x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
-            vc.view(np.uint16), cos, sin, self._shape, self._consts, PARALLEL_MIN_BYTES, get_num_threads(),
+            vc.view(np.uint16), cos, sin, self._shape, self._consts, self._gelu, PARALLEL_MIN_BYTES,
+            get_num_threads(),
         )  # fmt: skip
 
 
@@ -453,7 +455,7 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np
     gate = np.ascontiguousarray(gate, dtype=np.float32)
     up = np.ascontiguousarray(up, dtype=np.float32)
     out = np.empty_like(gate) if out is None else out
-    attention.geglu(gate, up, out)
+    attention.geglu(gate, up, out, attention.gelu_table())
     return out
 
 

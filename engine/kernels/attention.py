@@ -118,34 +118,45 @@ def _gelu_half_table():
     return table
 
 
+_gelu_table: list[np.ndarray] = []
+
+
+def gelu_table() -> np.ndarray:
+    """`_gelu_half_table()`, built once, on first use (an argument of the kernels that look it up: a table
+    built at import would start Numba while the module loads, which left the process 27 MB larger)."""
+    if not _gelu_table:
+        _gelu_table.append(_gelu_half_table())
+    return _gelu_table[0]
+
+
 # A table lookup instead of a tanh per value (a libm call, which keeps the loop scalar): Gemma 3 270M's
-# 256-token prompt spent 80 ms of its 272 in GeGLU on Zen 5. The kernels below hold it as a constant.
-_GELU_HALF = _gelu_half_table()
+# 256-token prompt spent 80 ms of its 272 in GeGLU on Zen 5.
 
 
 @njit(inline="always", cache=True, nogil=True)
-def gelu_half(g):
+def gelu_half(g, table):
     """GELU (tanh form) as ggml's CPU backend computes it: 0 below -10, g above 10, else its table of float16
-    results at g rounded to float16 (GGML_GELU_FP16), so that a gated FFN rounds as llama.cpp's does."""
+    results at g rounded to float16 (GGML_GELU_FP16; `table` = gelu_table()), so that a gated FFN rounds as
+    llama.cpp's does."""
     if g <= np.float32(-10.0):
         return np.float32(0.0)
     if g >= np.float32(10.0):
         return g
-    return _GELU_HALF[float_to_half(g)]
+    return table[float_to_half(g)]
 
 
 @njit(cache=True, nogil=True)
-def geglu_row(gate, up, out):
-    """out (n,) = gelu_half(gate) * up; out may be up."""
+def geglu_row(gate, up, out, table):
+    """out (n,) = gelu_half(gate) * up; out may be up. table: gelu_table()."""
     for j in range(gate.shape[0]):
-        out[j] = gelu_half(gate[j]) * up[j]
+        out[j] = gelu_half(gate[j], table) * up[j]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def geglu(gate, up, out):
-    """out (t, d_ff) = gelu_half(gate) * up, rows in parallel."""
+def geglu(gate, up, out, table):
+    """out (t, d_ff) = gelu_half(gate) * up, rows in parallel. table: gelu_table()."""
     for i in prange(gate.shape[0]):
-        geglu_row(gate[i], up[i], out[i])
+        geglu_row(gate[i], up[i], out[i], table)
 
 
 @njit(inline="always", cache=True, nogil=True)

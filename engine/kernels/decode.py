@@ -229,7 +229,7 @@ def norm_into(x, w, b, layer_norm_kind, eps, out):
 
 @njit(cache=True, nogil=True)
 def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, cos, sin, shape, consts,
-          parallel_min_bytes, threads):  # fmt: skip
+          gelu, parallel_min_bytes, threads):  # fmt: skip
     """x (d,) float32, in place: one token at position pos through one layer of any family.
 
     norms: (attn_norm, attn_norm_b, ffn_norm, ffn_norm_b, q_norm, k_norm, post_attn_norm, post_ffn_norm),
@@ -238,8 +238,9 @@ def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, c
     kc, vc (n_kv, rows, hd): the layer's cache as float16 bit patterns (uint16), position p in row p % rows;
     position pos is written. cos, sin (rope_dim/2,): this position's rotation.
     shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn kind (FFN_KINDS), layer norm, window).
-    consts: (norm eps, attention scale, attention soft-cap or 0). Products of at least parallel_min_bytes of
-    weights, and attention over a long context, run on `threads` threads.
+    consts: (norm eps, attention scale, attention soft-cap or 0). gelu: attention.gelu_table(), GeGLU's.
+    Products of at least parallel_min_bytes of weights, and attention over a long context, run on `threads`
+    threads.
     """
     n_head, n_kv, hd, rope_dim, neox, d_ff, ffn, layer_norm_kind, window = shape
     eps, attn_scale, softcap = consts
@@ -287,7 +288,7 @@ def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, c
         gate = np.empty(d_ff, dtype=np.float32)
         products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
         if ffn == 1:
-            geglu_row(gate, up, up)
+            geglu_row(gate, up, up, gelu)
         else:
             swiglu_row(gate, up, up)
     product(w_down, up, h, parallel_min_bytes)
