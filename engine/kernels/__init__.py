@@ -316,7 +316,7 @@ def matmul(
         return out
     if w.ggml_type in _HALF_TYPES and blas_sgemm_address():
         xs = np.ascontiguousarray(xs, dtype=np.float32)
-        floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == bf16.TYPE, xs, out)
+        floats.matmul(blas_sgemm_address(), w.data, w.ggml_type == bf16.TYPE, xs, get_num_threads(), out)
         return out
     step = max(1, min(w.rows, _TILE_VALUES // w.cols))
     tile = np.empty((step, w.cols), dtype=np.float32)

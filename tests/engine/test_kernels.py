@@ -145,14 +145,14 @@ def test_float_formats(qtype: T) -> None:
 
 @pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
 def test_half_formats_at_parallel_sizes(qtype: T) -> None:
-    """300 x 512 halves (300 KB): the parallel decode kernel, and prefill blocks of floats.BLOCK_ROWS rows with a
-    partial last one."""
+    """301 x 512 halves (300 KB): the parallel decode kernel, and prefill blocks of about floats.BLOCK_ROWS rows
+    that split 301 unevenly."""
     rng = np.random.default_rng(8)
-    a = rng.standard_normal((300, 512)).astype(np.float32)
+    a = rng.standard_normal((301, 512)).astype(np.float32)
     raw = a.astype(np.float16) if qtype == T.F16 else (a.view(np.uint32) >> 16).astype(np.uint16)
-    w = WeightMatrix.from_raw("synthetic", qtype, 300, 512, raw.view(np.uint8))
-    assert w.data.nbytes >= PARALLEL_MIN_BYTES and 300 % floats.BLOCK_ROWS
-    check_products(w, oracle(qtype, raw.view(np.uint8).reshape(300, -1), 300, 512), rng)
+    w = WeightMatrix.from_raw("synthetic", qtype, 301, 512, raw.view(np.uint8))
+    assert w.data.nbytes >= PARALLEL_MIN_BYTES and 301 > floats.BLOCK_ROWS
+    check_products(w, oracle(qtype, raw.view(np.uint8).reshape(301, -1), 301, 512), rng)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0], ids=lambda t: t.name)
