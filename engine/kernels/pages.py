@@ -119,6 +119,21 @@ class FileRows:
         return out
 
 
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault a range in, writable, in one call. Python's mmap module
+# names it only from 3.13.
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+
+
+def populate(a: np.ndarray) -> bool:
+    """Make the pages under the C-contiguous array `a` resident and writable now, from this thread, instead of
+    at their first writes; True when done (False: unsupported here, and the pages fault in as usual)."""
+    if _madvise is None or a.nbytes == 0 or not a.flags.c_contiguous:
+        return False
+    start = a.ctypes.data
+    lo = start & ~(_PAGE - 1)
+    return _madvise(lo, start + a.nbytes - lo, _MADV_POPULATE_WRITE) == 0
+
+
 def release(a: np.ndarray) -> bool:
     """Drop the resident pages under `a` if it lies in a shared file mapping; True when done."""
     if _madvise is None or a.nbytes == 0 or not a.flags.c_contiguous or not is_shared_file_mapping(a):

@@ -18,7 +18,7 @@ from engine.chat import ChatSession
 from engine.events import Message, TurnStats
 from engine.kernels import float_products
 from engine.kv_store import SUFFIX, KVStore
-from engine.model import KVCache
+from engine.model import RESERVE_STEP, KVCache
 from engine.sampling import SamplingSettings
 
 from .compare import assert_cache_exactly_fresh
@@ -274,3 +274,26 @@ def test_a_new_cache_holds_only_the_positions_it_is_given(smollm2_model) -> None
     grown = resident_bytes() - before
     assert (cache.k[:, :, 32:] == 0).all() and (cache.k[:, :, :32] == 1).all()
     assert grown < cache.nbytes // 8, f"{grown / 1e6:.1f} MB resident for 32 of 8192 positions"
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from Linux's /proc")
+def test_a_pass_faults_in_its_positions_ahead_a_step_at_a_time(smollm2_model) -> None:
+    """`reserve` makes the pages of the positions a pass will write resident beforehand (one madvise per head
+    and layer, from one thread), a step of positions at a time, never past the context, and keeps the bytes
+    already there."""
+    cache = KVCache(smollm2_model.cfg, 600)
+    cache.k[:, :, 3] = 2.0
+    per_position = cache.nbytes // cache.n_ctx
+    before = resident_bytes()
+    cache.reserve(10)
+    grown = resident_bytes() - before
+    assert cache.resident == RESERVE_STEP
+    # the step's pages, give or take a page per head and layer; nothing of the rest of the cache
+    assert RESERVE_STEP * per_position * 0.9 <= grown <= (RESERVE_STEP + 64) * per_position, grown
+    cache.reserve(RESERVE_STEP)  # within the step: nothing more
+    assert cache.resident == RESERVE_STEP
+    cache.reserve(RESERVE_STEP + 1)
+    assert cache.resident == 2 * RESERVE_STEP
+    cache.reserve(2 * RESERVE_STEP + 1)
+    assert cache.resident == cache.n_ctx  # the last step ends at the context
+    assert (cache.k[:, :, 3] == 2).all() and not cache.k[:, :, 4:].any() and not cache.v.any()
