@@ -131,6 +131,6 @@ def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, s
         t1 = time.perf_counter()
         model.logits([0])  # the one-token (matvec) path
         prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
-        model.logits([0, 0])  # the prompt (tiled matmul) path
+        prompt_compile.run_prompt_paths(model)
     if compiled() or helper is not None:
         say(f"{compiled()} kernels compiled in {time.perf_counter() - t1:.0f} s; later starts load them")

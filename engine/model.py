@@ -303,7 +303,9 @@ class Model:
         rope_into_cache(q, k, v, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
         window, scale, cap = cfg.window(li), cfg.attn_scale, cfg.attn_softcap
         a = work.take("attention", (t, cfg.n_head * hd))  # (t, n_head·hd)
-        a = causal_attention(q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, out=a, rowwise=rowwise)
+        a = causal_attention(
+            q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, out=a, rowwise=rowwise, scratch=work
+        )
         o = self._bias(product("o", lw.wo, a), lw.bo)  # (t, d)
         if lw.post_attn_norm is not None:
             rms_norm_rows(o, lw.post_attn_norm, eps, out=o)

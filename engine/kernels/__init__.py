@@ -467,7 +467,7 @@ SHORT_PASS = packed.LEAD_MAX
 def causal_attention(
     q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int,
     scale: float | None = None, window: int = 0, softcap: float = 0.0, out: np.ndarray | None = None,
-    rowwise: bool = False,
+    rowwise: bool = False, scratch: Scratch | None = None,
 ) -> np.ndarray:  # fmt: skip
     """Queries at positions start.. over the cached keys each one sees: up to its own position, and within
     the last `window` positions when window > 0.
@@ -475,9 +475,10 @@ def causal_attention(
     q (t, n_head, hd); kc, vc (n_kv, rows, hd) float16, position p in row p % rows -> (t, n_head·hd) float32,
     into out where given (except without BLAS: use the result). Scores are scale · q·k (default 1/√hd),
     soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h reads kv head h // (n_head / n_kv). Blocks
-    of queries run in parallel, each with single-threaded BLAS products (attention.attend_causal); without a
-    usable BLAS sgemm, the same arithmetic runs here in NumPy. Passes of up to SHORT_PASS queries, and any with
-    rowwise, run each query through the one-token kernel instead (attention.attend_rows).
+    of queries run in parallel, each with single-threaded BLAS products (attention.attend_causal, its buffers
+    from scratch where given); without a usable BLAS sgemm, the same arithmetic runs here in NumPy. Passes of
+    up to SHORT_PASS queries, and any with rowwise, run each query through the one-token kernel instead
+    (attention.attend_rows).
     """
     t, n_head, hd = q.shape
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
@@ -496,7 +497,9 @@ def causal_attention(
     if fn:
         out = np.empty((t, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
-        attention.attend_causal(fn, q, kc16, vc16, start, scale, window, softcap, threads, out)
+        size = attention.causal_work_size(t, n_head, kc.shape[0], hd, start, window, threads)
+        work = scratch.take("attention blocks", (size,)) if scratch is not None else np.empty(size, np.float32)
+        attention.attend_causal(fn, q, kc16, vc16, start, scale, window, softcap, threads, work, out)
         return out
     n_kv = kc.shape[0]
     group = n_head // n_kv

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import get_thread_id, njit, prange, types
 from numba.extending import intrinsic
 
 # Scores of one parallel block are at most this many floats (16 MB): long contexts get more, smaller blocks.
@@ -342,8 +342,25 @@ def sgemm(typingctx, fn, transpose_b, m, n, k, a, lda, b, ldb, c, ldc):
     return sig, codegen
 
 
+@njit(cache=True, nogil=True)
+def causal_blocks(t, n_head, n_kv, start, window, n_threads):
+    """(parts, step, n_pos) of attend_causal: n_kv * parts blocks of up to step query rows over n_pos keys."""
+    rows = (n_head // n_kv) * t
+    n_pos = start + t - first_key(start, window)
+    parts = max(n_threads, (rows * n_pos + _MAX_BLOCK_SCORES - 1) // _MAX_BLOCK_SCORES)
+    return parts, (rows + parts - 1) // parts, n_pos
+
+
+@njit(cache=True, nogil=True)
+def causal_work_size(t, n_head, n_kv, hd, start, window, n_threads):
+    """Floats of attend_causal's `work`: each thread's block buffers (queries, keys, values, scores, sums,
+    outputs)."""
+    _, step, n_pos = causal_blocks(t, n_head, n_kv, start, window, n_threads)
+    return n_threads * (2 * step * hd + 2 * n_pos * hd + step * n_pos + step)
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads, out):
+def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads, work, out):
     """t queries at positions start.., each over the cached keys it sees (first_key(pos, window)..pos).
 
     q (t, n_head, hd) float32; kc, vc (n_kv, cache_rows, hd) float16 bit patterns (uint16), position p in row
@@ -351,15 +368,16 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
     make rows r = g·t + i (head g of the group, query i); a parallel item is a block of one kv head's rows
     (n_threads blocks per head, so that any number of kv heads shares evenly): its keys and values in float32,
     in position order, scores = Q Kᵀ and out = P V by sgemm (at address sgemm_fn), the causal softmax between.
+    work: float32 (>= causal_work_size(...),), the blocks' buffers, one set per thread: reused from pass to
+    pass, their pages are faulted in once, not in every block.
     """
     t, n_head, hd = q.shape
     n_kv, cache_rows = kc.shape[0], kc.shape[1]
     group = n_head // n_kv
     rows = group * t
     lo = first_key(start, window)  # the oldest key any of these queries sees
-    n_pos = start + t - lo
-    parts = max(n_threads, (rows * n_pos + _MAX_BLOCK_SCORES - 1) // _MAX_BLOCK_SCORES)
-    step = (rows + parts - 1) // parts
+    parts, step, n_pos = causal_blocks(t, n_head, n_kv, start, window, n_threads)
+    per_thread = 2 * step * hd + 2 * n_pos * hd + step * n_pos + step
     for item in prange(n_kv * parts):
         kv = item // parts
         r0 = (item % parts) * step
@@ -367,21 +385,25 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
         if r1 <= r0:
             continue
         m = r1 - r0
-        a = np.empty((m, hd), dtype=np.float32)  # (m, hd) this block's queries
+        w = work[get_thread_id() * per_thread : (get_thread_id() + 1) * per_thread]
+        a = w[: m * hd].reshape(m, hd)  # (m, hd) this block's queries
+        w = w[step * hd :]
+        keys = w[: n_pos * hd].reshape(n_pos, hd)  # (n_pos, hd)
+        values = w[n_pos * hd : 2 * n_pos * hd].reshape(n_pos, hd)
+        w = w[2 * n_pos * hd :]
+        scores = w[: m * n_pos].reshape(m, n_pos)  # (m, n_pos)
+        w = w[step * n_pos :]
+        inv_total = w[:m]
+        o = w[step : step + m * hd].reshape(m, hd)  # (m, hd)
         for r in range(r0, r1):
             a[r - r0] = q[r % t, kv * group + r // t]
-        keys = np.empty((n_pos, hd), dtype=np.float32)  # (n_pos, hd)
-        values = np.empty((n_pos, hd), dtype=np.float32)
         for p in range(n_pos):
             row = (lo + p) % cache_rows
             for j in range(hd):
                 keys[p, j] = half_to_float(kc[kv, row, j])
                 values[p, j] = half_to_float(vc[kv, row, j])
-        scores = np.empty((m, n_pos), dtype=np.float32)  # (m, n_pos)
         sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
-        inv_total = np.empty(m, dtype=np.float32)
         causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
-        o = np.empty((m, hd), dtype=np.float32)  # (m, hd)
         sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)
         for r in range(r0, r1):
             h = kv * group + r // t

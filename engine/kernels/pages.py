@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 _PAGE = mmap.PAGESIZE
+_HUGE_PAGE = 2 << 20
 _SHARED_MODES = ("r", "readonly", "r+", "readwrite")
 
 
@@ -59,6 +60,21 @@ def small_page_zeros(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarr
     buf = mmap.mmap(-1, nbytes)  # anonymous and zero-filled
     buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def resident_empty(size: int, dtype: np.dtype | type) -> np.ndarray:
+    """A 1-D array of `size` items, its contents undefined, every page already resident: a buffer that parallel
+    loops will fill, which would otherwise take its page faults inside them, where they are slowest. Huge
+    pages where the kernel gives them (a 2 MB page is one fault), the rest small ones."""
+    nbytes = size * np.dtype(dtype).itemsize
+    if nbytes == 0 or _madvise is None:
+        return np.empty(size, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes)
+    if nbytes >= _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    a = np.frombuffer(buf, dtype=dtype)
+    populate(a)
+    return a
 
 
 def _file_mapping(a: np.ndarray) -> np.memmap | None:

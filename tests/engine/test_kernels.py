@@ -358,6 +358,19 @@ def test_release_never_touches_anonymous_memory() -> None:
     np.testing.assert_array_equal(a, np.arange(1 << 20, dtype=np.uint8))
 
 
+@pytest.mark.skipif(not pages.is_supported(), reason="resident-size check reads Linux /proc")
+def test_scratch_buffers_come_resident() -> None:
+    """A buffer that parallel loops will fill is faulted in when allocated (one call), not page by page in them:
+    RSS holds it before anything is written, and what is written stays."""
+    before = _rss_bytes()
+    a = pages.resident_empty(3 << 20, np.float32)  # 12 MB
+    grown = _rss_bytes() - before
+    assert grown >= a.nbytes * 0.95, f"RSS grew by {grown} bytes for a {a.nbytes}-byte buffer"
+    a[:] = 1.5
+    assert a.dtype == np.float32 and a.shape == (3 << 20,) and (a == 1.5).all()
+    assert pages.resident_empty(0, np.float32).shape == (0,)
+
+
 def _packed_weight(qtype: T, rows: int, cols: int, seed: int) -> tuple[WeightMatrix, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     raw = random_blocks(qtype, rows, cols, rng)
