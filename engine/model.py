@@ -288,12 +288,15 @@ class Model:
         cfg, lw, work = self.cfg, self.weights.layers[li], self._scratch
         t, hd, eps = x.shape[0], cfg.head_dim, cfg.norm_eps
 
-        def product(name: str, m: WeightMatrix, h: np.ndarray) -> np.ndarray:  # (t, m.rows), in `name`
-            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work)
+        def product(name: str, m: WeightMatrix, h: np.ndarray, again: bool = False) -> np.ndarray:
+            """(t, m.rows) in `name`; again: h is the last product's input, unchanged."""
+            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work, same_input=again)
 
         h = self._norm(x, lw.attn_norm, lw.attn_norm_b, out=work.take("norm", x.shape))
         biases = lw.bqkv or (None, None, None)
-        q, k, v = (self._bias(product(n, m, h), b) for n, m, b in zip("qkv", lw.wqkv, biases, strict=True))
+        q, k, v = (
+            self._bias(product(n, m, h, again=n != "q"), b) for n, m, b in zip("qkv", lw.wqkv, biases, strict=True)
+        )
         if lw.q_norm is not None:  # per head, before RoPE, in place
             rms_norm_rows(q.reshape(-1, hd), lw.q_norm, eps, out=q.reshape(-1, hd))  # (t·n_head, hd)
             rms_norm_rows(k.reshape(-1, hd), lw.k_norm, eps, out=k.reshape(-1, hd))  # (t·n_kv, hd)
@@ -312,7 +315,7 @@ class Model:
         x += o
         h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b, out=work.take("norm", x.shape))
         if cfg.spec.ffn in ("swiglu", "geglu"):  # (t, d_ff): act(gate) * up, into gate's buffer
-            gate, up = product("gate", lw.w_gate, h), product("up", lw.w_up, h)
+            gate, up = product("gate", lw.w_gate, h), product("up", lw.w_up, h, again=True)
             h = (swiglu if cfg.spec.ffn == "swiglu" else geglu)(gate, up, out=gate)
         else:
             h = gelu(self._bias(product("up", lw.w_up, h), lw.b_up))

@@ -22,7 +22,7 @@ _MAX_BLOCK_SCORES = 1 << 22
 
 
 @intrinsic
-def _int_bits_as_float(typingctx, i):
+def int_bits_as_float(typingctx, i):
     """The float32 whose bit pattern is the int32 i."""
 
     def codegen(context, builder, signature, args):
@@ -68,7 +68,7 @@ def exp_nonpositive(x):
     p = p * r + np.float32(1.6666665459e-1)
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
-    return p * _int_bits_as_float((np.int32(n) + np.int32(127)) << np.int32(23))
+    return p * int_bits_as_float((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath={"contract"})

@@ -36,6 +36,7 @@ from ..formats import QUANTIZED
 from ..formats.dispatch import by_code
 from ..formats.fields import ROWS, h2f, qbyte  # noqa: F401  (h2f: tests call packed.h2f)
 from . import cpu, simd
+from .attention import int_bits_as_float
 
 TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
 PER_ITEM = 16  # tokens per parallel item of a prompt's `matmul`: a multiple of TILE
@@ -50,6 +51,8 @@ LEAD_MAX = PER_ITEM + 1
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {f.code: (f.packing.quant_bytes, f.packing.copies, f.packing.halves) for f in QUANTIZED.values()}
 PACKED_CODES = frozenset(LAYOUT)
+# by code: whether this CPU's kernels for the format read byte pairs, and so prompts' xq2 (`double_pairs`)
+PAIRED = np.array([c in LAYOUT and c not in simd.KERNELS.quad_codes for c in range(max(LAYOUT) + 1)])
 
 
 def layout(code: int) -> tuple[int, int]:
@@ -78,18 +81,22 @@ def quantize_x(x):
 
 @njit(inline="always", cache=True, nogil=True)
 def quantize_into(x, xq, dx, xsum):
-    """quantize_x, into given arrays."""
+    """quantize_x, into given arrays.
+
+    max|x| is taken over the bit patterns with the sign cleared, ordered as the floats, with inf and nan above
+    every finite value, and rint rounds half to even as np.round does: an integer max that vectorizes, where
+    a float one with a finiteness test did not (SmolLM2's 256 x 576 prompt rows, 2 threads: 92 -> 45 µs).
+    """
+    bits = x.view(np.int32)
     for b in range(x.shape[0] // 32):
-        amax = np.float32(0.0)
-        finite = True
+        m = np.int32(0)
         for j in range(32):
-            a = abs(x[b * 32 + j])
-            amax = max(amax, a)
-            finite &= a < np.inf
-        d = amax / np.float32(127.0) if finite else np.float32(np.nan)  # a nan or inf in x poisons its block
+            m = max(m, np.int32(bits[b * 32 + j] & np.int32(0x7FFFFFFF)))
+        # a nan or inf in x poisons its block
+        d = int_bits_as_float(m) / np.float32(127.0) if m < np.int32(0x7F800000) else np.float32(np.nan)
         inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
         for j in range(32):
-            xq[b, j] = np.int8(np.round(x[b * 32 + j] * inv))
+            xq[b, j] = np.int8(np.rint(x[b * 32 + j] * inv))
         for h in range(2):
             t = np.int32(0)
             for j in range(16):
@@ -217,9 +224,10 @@ def row_buffers(t: int, n: int, take=None) -> tuple[np.ndarray, np.ndarray, np.n
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matmul(q, s, code, xs, out, xq, dx, xsum, xq2):
+def matmul(q, s, code, xs, out, xq, dx, xsum, xq2, quantized):
     """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill), into the caller's
-    buffers xq, dx, xsum, xq2 (`row_buffers`).
+    buffers xq, dx, xsum, xq2 (`row_buffers`); with `quantized`, xq, dx and xsum hold xs's already (a
+    product of the same input before this one filled them).
 
     A parallel item is one row group for several tokens: its weights come from memory once and from cache for
     the other tokens, which run TILE at a time through group_simd_tile (decoding the weight bytes once per
@@ -228,9 +236,13 @@ def matmul(q, s, code, xs, out, xq, dx, xsum, xq2):
     `matvec` of it, bit for bit.
     """
     t = xs.shape[0]
-    for i in prange(t):
-        quantize_into(xs[i], xq[i], dx[i], xsum[i])
-        double_pairs(xq[i], xq2[i])
+    paired = PAIRED[code]
+    if paired or not quantized:
+        for i in prange(t):
+            if not quantized:
+                quantize_into(xs[i], xq[i], dx[i], xsum[i])
+            if paired:  # the quad kernels never read xq2
+                double_pairs(xq[i], xq2[i])
     d = out.shape[1]
     per_item = t if t <= LEAD_MAX else PER_ITEM
     n_tok = (t + per_item - 1) // per_item

@@ -21,6 +21,7 @@ from .pages import resident_empty
 class Scratch:
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, np.dtype], np.ndarray] = {}
+        self.quantized_input: np.ndarray | None = None  # the array whose int8 rows the "xq" buffers hold
 
     def take(self, name: str, shape: tuple[int, ...], dtype: type = np.float32) -> np.ndarray:
         """A C-contiguous array of this shape, its contents undefined: the `name` buffer, grown when too small."""

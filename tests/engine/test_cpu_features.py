@@ -154,7 +154,8 @@ def check_every_format(out_path: str) -> None:
         assert p.q.shape[4:] == packed.layout(p.code), qtype.name
         one = np.stack([matvec(w, x) for x in xs])
         many = np.empty((len(xs), rows), dtype=np.float32)
-        packed.matmul(p.q, p.s, p.code, xs, many, *packed.row_buffers(*xs.shape))  # a lead token, two tiles, one more
+        # a lead token, two tiles, one more
+        packed.matmul(p.q, p.s, p.code, xs, many, *packed.row_buffers(*xs.shape), False)
         loops = np.empty(rows, dtype=np.float32)
         packed.matvec_reference(p.q, p.s, p.code, xs[0], loops)
         for i, x in enumerate(xs):

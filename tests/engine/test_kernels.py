@@ -30,6 +30,7 @@ from engine.kernels import (
     packed,
     pages,
 )
+from engine.kernels.scratch import Scratch
 
 # Byte offsets of the half-float scale fields in each block, so synthetic blocks get finite scales.
 HALF_FIELDS = {
@@ -269,9 +270,30 @@ def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
             xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
             got = np.empty((n_tok, rows), dtype=np.float32)
             # directly: the wrapper sends one token to matvec
-            packed.matmul(p.q, p.s, p.code, xs, got, *packed.row_buffers(*xs.shape))
+            packed.matmul(p.q, p.s, p.code, xs, got, *packed.row_buffers(*xs.shape), False)
             for i in range(n_tok):
                 np.testing.assert_array_equal(got[i], matvec(w, xs[i]), err_msg=f"{rows} rows, token {i}/{n_tok}")
+
+
+def test_products_of_one_input_quantize_it_once() -> None:
+    """same_input reuses the int8 rows only of the very array the scratch's last product quantized: formats
+    mixed (quad and pair kernels), then another array of the same shape, give each product's own result."""
+    rng = np.random.default_rng(12)
+    cols, t = 512, 40
+    ws = [
+        WeightMatrix.from_raw(f"m{i}", qt, 96, cols, random_blocks(qt, 96, cols, rng)).prepare()
+        for i, qt in enumerate((T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0))
+    ]
+    a, b = (rng.standard_normal((t, cols)).astype(np.float32) for _ in range(2))
+    work = Scratch()
+    for xs in (a, b, b):
+        for i, w in enumerate(ws):
+            got = matmul(w, xs, scratch=work, same_input=i > 0)
+            np.testing.assert_array_equal(got, matmul(w, xs.copy()), err_msg=w.name)
+    assert work.quantized_input is b
+    matmul(ws[0], a, scratch=work)
+    # another array, though the caller says "same": its own rows are quantized
+    np.testing.assert_array_equal(matmul(ws[1], b, scratch=work, same_input=True), matmul(ws[1], b.copy()))
 
 
 def test_matvec_many_equals_separate_matvecs() -> None:
@@ -369,6 +391,31 @@ def test_scratch_buffers_come_resident() -> None:
     a[:] = 1.5
     assert a.dtype == np.float32 and a.shape == (3 << 20,) and (a == 1.5).all()
     assert pages.resident_empty(0, np.float32).shape == (0,)
+
+
+def test_activations_quantize_as_stated() -> None:
+    """x̂ = dx · xq per 32 values: dx = max|x| / 127, xq = x / dx rounded half to even (float32 throughout); a
+    block of zeros gives dx = 0 and xq = 0, one holding a nan or an inf gives dx = nan; xsum sums xq per 16."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(32 * 40) * rng.choice([1e-30, 1e-3, 1.0, 1e30], 32 * 40)).astype(np.float32)
+    x[:32] = np.arange(32, dtype=np.float32) - 16.5  # no ties: then exact .5 ties, to even and to odd
+    x[32:64] = np.concatenate([[127.0], np.arange(31, dtype=np.float32) / 2 - 7.5]).astype(np.float32)
+    x[64:96] = 0.0
+    x[96:128] = -x[32:64]
+    x[200], x[300], x[400] = np.nan, np.inf, -np.inf
+    xq, dx, xsum = packed.quantize_x(x)
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1)
+    finite = np.isfinite(blocks).all(axis=1)
+    want_dx = np.where(finite, amax / np.float32(127.0), np.float32(np.nan)).astype(np.float32)
+    np.testing.assert_array_equal(dx, want_dx)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(want_dx > 0, np.float32(1.0) / want_dx, np.float32(0.0)).astype(np.float32)
+    want_xq = np.round(blocks[finite] * inv[finite, None]).astype(np.int8)
+    np.testing.assert_array_equal(xq[finite], want_xq)
+    assert (xq[1, 1:] == np.round(np.arange(31) / 2 - 7.5)).all() and xq[1, 0] == 127  # halves to even
+    np.testing.assert_array_equal(xsum[finite], want_xq.reshape(-1, 2, 16).astype(np.int32).sum(axis=2))
+    assert not xq[2].any() and dx[2] == 0
 
 
 def _packed_weight(qtype: T, rows: int, cols: int, seed: int) -> tuple[WeightMatrix, np.ndarray, np.ndarray]:
