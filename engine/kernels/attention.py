@@ -351,12 +351,18 @@ def causal_blocks(t, n_head, n_kv, start, window, n_threads):
     return parts, (rows + parts - 1) // parts, n_pos
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _block_floats(step, n_pos, hd):
+    """Floats of one thread's block buffers: queries and outputs (step, hd), keys and values (n_pos, hd), scores
+    (step, n_pos), sums (step,)."""
+    return 2 * step * hd + 2 * n_pos * hd + step * n_pos + step
+
+
 @njit(cache=True, nogil=True)
 def causal_work_size(t, n_head, n_kv, hd, start, window, n_threads):
-    """Floats of attend_causal's `work`: each thread's block buffers (queries, keys, values, scores, sums,
-    outputs)."""
+    """Floats of attend_causal's `work`: each thread's block buffers."""
     _, step, n_pos = causal_blocks(t, n_head, n_kv, start, window, n_threads)
-    return n_threads * (2 * step * hd + 2 * n_pos * hd + step * n_pos + step)
+    return n_threads * _block_floats(step, n_pos, hd)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -377,7 +383,7 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
     rows = group * t
     lo = first_key(start, window)  # the oldest key any of these queries sees
     parts, step, n_pos = causal_blocks(t, n_head, n_kv, start, window, n_threads)
-    per_thread = 2 * step * hd + 2 * n_pos * hd + step * n_pos + step
+    per_thread = _block_floats(step, n_pos, hd)
     for item in prange(n_kv * parts):
         kv = item // parts
         r0 = (item % parts) * step
@@ -385,7 +391,8 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
         if r1 <= r0:
             continue
         m = r1 - r0
-        w = work[get_thread_id() * per_thread : (get_thread_id() + 1) * per_thread]
+        w0 = get_thread_id() * per_thread
+        w = work[w0 : w0 + per_thread]
         a = w[: m * hd].reshape(m, hd)  # (m, hd) this block's queries
         w = w[step * hd :]
         keys = w[: n_pos * hd].reshape(n_pos, hd)  # (n_pos, hd)
