@@ -61,6 +61,7 @@ PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpb
 # block's bytes 4 KB ahead into L1 all at once, before the block, had measured 58-70 ms there, and requesting
 # nothing 50-55.
 PREFETCH_AHEAD = 16 << 10
+CACHE_LINE = 64
 _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -117,6 +118,7 @@ class Emitter:
         self.k = kernels
         self.L, self.W = kernels.layout(code)
         self.chunk_bytes = qb * self.L  # bytes of one L-row chunk of a block
+        self._fetched_lines: set[int] = set()  # lines of the current chunk already asked for (`qvec`)
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
             if isinstance(ty, types.Array):
@@ -133,6 +135,7 @@ class Emitter:
     def chunks(self):
         """Loop over the ROWS / L slices of the group (a loop, not unrolled: it keeps compiles short)."""
         with cgutils.for_range(self.b, ir.Constant(I64, ROWS // self.L)) as loop:
+            self._fetched_lines = set()
             yield loop.index
 
     def zero16(self):
@@ -143,9 +146,23 @@ class Emitter:
 
     def qvec(self, q, qo, c, j: int):
         """<L*W x i8>: bytes W*j .. W*j + W-1 of the L rows of chunk c (q[g, b, c, j, :, :])."""
-        off = self.b.add(self.at(qo, j * self.W * self.L), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
-        self.prefetch(q, self.at(off, PREFETCH_AHEAD))
+        start = j * self.W * self.L
+        off = self.b.add(self.at(qo, start), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
+        line = start // CACHE_LINE  # one request per line of the chunk: AVX2 loads half a line, some bytes twice
+        if line not in self._fetched_lines:
+            self._fetched_lines.add(line)
+            self.prefetch(q, self.at(off, PREFETCH_AHEAD))
         return self.load(q, off, I8, self.W * self.L)
+
+    def reload_barrier(self) -> None:
+        """Loads after this point read memory again instead of reusing earlier loads of the same bytes.
+
+        Reloading a chunk's bytes from L1 costs one load; keeping them live from one pass over the chunk to the
+        next costs registers that AVX2's 16 cannot spare, and LLVM then spills and reloads them (a store and a
+        load each).
+        """
+        fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
+        self.b.call(fn, [])
 
     def prefetch(self, ptr, off) -> None:
         """Ask L2 for the line at ptr[off] (never faults, even past the array's end)."""

@@ -205,6 +205,7 @@ def emit_k_quant_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[T
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, 2 * i + hi)))
                     fd[k] = b.fadd(fd[k], b.fmul(d_x, e.to_float(isum[k])))
+                e.reload_barrier()
         d = e.halves(s, e.rows(so, c))
         dmin = e.halves(s, e.rows(so, c, 1))
         mins = [e.even_odd_bytes(e.qpair(q, qo, c, 68 + i)) for i in range(4)]

@@ -161,6 +161,7 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                         off = e.scaled_sums(e.splat(b.trunc(off16, I16), e.L), scale32)
                         d_x = e.fsplat(e.load_scalar(dx, blk))
                         fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.sub(isum[i], off))))
+                    e.reload_barrier()
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, e.from_parity(fd[i])))
