@@ -44,6 +44,7 @@ from engine import load_model  # noqa: E402
 from engine.chat import ChatSession  # noqa: E402
 from engine.events import Message, TurnStats  # noqa: E402
 from engine.kv_store import KVStore  # noqa: E402
+from engine.requantize import parse_type  # noqa: E402
 from engine.sampling import SamplingSettings  # noqa: E402
 from engine.speculative import LookupDrafter, ModelDrafter  # noqa: E402
 
@@ -264,6 +265,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", action="append", required=True)
     p.add_argument("-md", "--model-draft")
+    p.add_argument(
+        "--draft-type", default="q4_0",
+        help="the draft's weights at load, as the app's --draft-type; comma-separated to compare (q4_0,file)",
+    )  # fmt: skip
+    p.add_argument("--prompt", action="append", choices=sorted(PROMPTS), help="only these prompts (default: all)")
+    p.add_argument("--skip-lookup", action="store_true", help="no lookup or misses runs (the draft model only)")
     p.add_argument("-n", type=int, default=128)
     p.add_argument("-r", type=int, default=3)
     p.add_argument("--resume-tokens", type=int, default=1500)
@@ -274,16 +281,20 @@ def main() -> int:
     results = {}
     for spec in args.model:
         model = load_model(resolve_model(spec), n_ctx=4096)
-        draft = load_model(resolve_model(args.model_draft), n_ctx=4096) if args.model_draft else None
+        drafts = {}  # mode name -> draft model, one per --draft-type
+        for i, kind in enumerate(args.draft_type.split(",") if args.model_draft else ()):
+            draft = load_model(resolve_model(args.model_draft), n_ctx=4096, requantize=parse_type(kind))
+            drafts["draft" if i == 0 else f"draft {kind}"] = draft
+            print(f"draft {draft.name}: {kind} ({draft.requantized or 'as stored'})", flush=True)
+        prompts = {name: PROMPTS[name] for name in args.prompt or PROMPTS}
         out = results[model.name] = {}
-        for name, messages in () if args.skip_decode else PROMPTS.items():
-            modes = {
-                "plain": None,
-                "lookup": lambda: LookupDrafter(paced=True),
-                "misses": lambda m=model: MissingLookup(m.n_vocab - 1),
-            }
-            if draft is not None:
-                modes["draft"] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
+        for name, messages in () if args.skip_decode else prompts.items():
+            modes = {"plain": None}
+            if not args.skip_lookup:
+                modes["lookup"] = lambda: LookupDrafter(paced=True)
+                modes["misses"] = lambda m=model: MissingLookup(m.n_vocab - 1)
+            for mode, draft in drafts.items():
+                modes[mode] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
             row = out[name] = decode_figures(model, modes, messages, args.n, args.r, args.llama_python)
             if "llama.cpp plain" in row:
                 fig = row.pop("llama.cpp plain")
@@ -308,7 +319,7 @@ def main() -> int:
         # What wrong guesses cost, from counts and the pass costs above rather than from wall-clock ratios
         # that a shared machine's load moves by +-20%: each rejected one-guess pass costs (pass 2 / pass 1 - 1)
         # of a token more than a plain step.
-        for name in () if args.skip_decode else PROMPTS:
+        for name in () if args.skip_decode or args.skip_lookup else prompts:
             fig = out[name]["misses"]
             n = max(fig["guessing_passes"])
             extra = n * (costs[2] / costs[1] - 1) / fig["tokens"]

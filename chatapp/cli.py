@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,7 +177,10 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
     return ensure_model(spec, progress=report)
 
 
-def _load(args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True, pull: bool = False):
+def _load(
+    args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True, pull: bool = False,
+    requantize=None,
+):  # fmt: skip
     from engine import load_model
 
     path = resolve_model_path(settings.model, say, console=console, pull=pull)
@@ -187,6 +191,7 @@ def _load(args: argparse.Namespace, settings, say: Callable[[str], None], consol
         progress=say,
         device=settings.device,
         gpu_layers=settings.gpu_layers,
+        requantize=requantize,
     )
     if model.device != "cpu":
         say(f"running on {model.device}")
@@ -213,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(f"warning: {warning}")
     from .drafting import make_drafter
 
-    drafter = make_drafter(settings, model, lambda s: _load(args, s, say), say)
+    drafter = make_drafter(settings, model, partial(_load, args, say=say), say)
     chat = ChatSession(model, settings.sampling, drafter=drafter)
     for note in settings.sampling.validated()[1]:
         say(f"warning: {note}")
@@ -368,7 +373,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)
 
     model = _load(args, settings, say)
-    drafter = make_drafter(settings, model, lambda s: _load(args, s, say), say)
+    drafter = make_drafter(settings, model, partial(_load, args, say=say), say)
     return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json, drafter=drafter)
 
 
@@ -392,7 +397,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         from .naming import display_name
 
         model = _load(args, settings, progress, console=False, pull=True)
-        drafter = make_drafter(settings, model, lambda s: _load(args, s, progress, console=False), progress)
+        drafter = make_drafter(settings, model, partial(_load, args, say=progress, console=False), progress)
         from .kv_cache import kv_store_for
 
         chat = ChatSession(model, settings.sampling, drafter=drafter)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from .settings import AppSettings
 
-KEYS = ("model_draft", "draft_max", "lookup")
+KEYS = ("model_draft", "draft_max", "draft_type", "lookup")
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
@@ -24,6 +24,10 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
         help="a smaller model of the same vocabulary that guesses tokens for the main one to check",
     )  # fmt: skip
     g.add_argument("--draft-max", dest="draft_max", type=int, metavar="N", help="most tokens per guess (default 16)")
+    g.add_argument(
+        "--draft-type", dest="draft_type", metavar="TYPE",
+        help="re-encode the draft model's weights at load: q4_0 (the default: fewer bytes a guess) or file (as stored)",
+    )  # fmt: skip
     g.add_argument(
         "--lookup", action="store_true", default=None,
         help="guess tokens from n-gram matches in the conversation itself (prompt lookup; no second model)",
@@ -37,8 +41,10 @@ def draft_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def make_drafter(
     settings: AppSettings, target: Model, load: Callable[[AppSettings], Model], say: Callable[[str], None]
 ) -> Drafter | None:
-    """The drafter the settings ask for, or None. `load` loads the model named by its settings' `model`."""
+    """The drafter the settings ask for, or None. `load(settings, requantize=TYPE)` loads the model named by its
+    settings' `model`, its matrices re-encoded to TYPE where that has fewer bits (None: as stored)."""
     from engine.errors import SettingsError
+    from engine.requantize import parse_type
     from engine.speculative import LookupDrafter, ModelDrafter
 
     if settings.model_draft and settings.lookup:
@@ -47,7 +53,11 @@ def make_drafter(
         return LookupDrafter(draft_max=settings.draft_max, paced=True)
     if not settings.model_draft:
         return None
-    draft = load(dataclasses.replace(settings, model=settings.model_draft, n_ctx=target.n_ctx))
+    draft = load(
+        dataclasses.replace(settings, model=settings.model_draft, n_ctx=target.n_ctx),
+        requantize=parse_type(settings.draft_type),
+    )
     drafter = ModelDrafter(draft, target, draft_max=settings.draft_max, paced=True)  # refuses another vocabulary
-    say(f"draft model {draft.name}: up to {settings.draft_max} guessed tokens per step")
+    encoded = f", weights {draft.requantized}" if draft.requantized else ""
+    say(f"draft model {draft.name}{encoded}: up to {settings.draft_max} guessed tokens per step")
     return drafter

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
 
 DEVICES = ("auto", "cpu", "cuda")  # "gpu" is accepted too and read as "cuda"
+# A draft model's types: engine.requantize.TYPES and "file" (kept here so that reading settings loads no kernels;
+# a test holds the two lists together).
+DRAFT_TYPES = ("q4_0", "file")
 CLI = "command line"  # the source name used in errors about `cli_overrides`
 ENVIRONMENT = "environment"  # the source name of OPENAI_BASE_URL / OPENAI_API_KEY
 ENV_VARS = {"OPENAI_BASE_URL": "base_url", "OPENAI_API_KEY": "api_key"}
@@ -66,6 +69,7 @@ class AppSettings:
     sampling: SamplingSettings  # handed to the engine as is
     model_draft: str = ""  # a draft model for speculative decoding (same vocabulary); "" = none
     draft_max: int = 16  # most tokens a drafter guesses per step
+    draft_type: str = "q4_0"  # a draft model's matrices re-encoded at load to this type where that has fewer bits
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
@@ -98,6 +102,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "system_prompt": _Rule(str),
     "model_draft": _Rule(str),
     "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),
+    "draft_type": _Rule(str, lambda v: v.strip().lower() in DRAFT_TYPES, f"one of {', '.join(DRAFT_TYPES)}"),
     "lookup": _Rule(bool),
     "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
 }

@@ -11,6 +11,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from gguf import GGMLQuantizationType
+
 from . import prompt_compile
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
@@ -40,6 +42,7 @@ def load_model(
     device: str = "cpu",
     gpu_layers: int = -1,
     compile_kernels: bool = True,
+    requantize: GGMLQuantizationType | None = None,
 ) -> Model:
     """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages.
 
@@ -50,6 +53,8 @@ def load_model(
     the CPU; -1 (the default), or n_layer + 1 and more: every layer and the output head.
     compile_kernels: run both kernel paths once before returning, compiling them on a first start (the prompt
     path in a second process, engine.prompt_compile). False leaves them to the first use.
+    requantize: a type of engine.requantize.TYPES: the CPU's matrices re-encoded to it where that has fewer bits
+    (a draft model's: its guesses are checked, so bytes matter more than precision). Not with a GPU.
     """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -83,6 +88,10 @@ def load_model(
     helper = prompt_compile.start(path) if first_start else None  # meanwhile: the tokenizer, the one-token path
     try:
         model = _bind(file, cfg, n_ctx, n_threads, warnings, say)
+        if requantize is not None and backend is None:
+            _requantize(model, requantize, say)
+        elif requantize is not None:
+            warnings.append(f"weights kept as stored on {backend.label}: re-encoding to {requantize.name} is CPU only")
         if why_not:
             warnings.append(why_not)
         if backend is not None:
@@ -118,6 +127,15 @@ def _bind(
     model.warnings = warnings
     model.device = "cpu"
     return model
+
+
+def _requantize(model: Model, to: GGMLQuantizationType, say: Callable[[str], None]) -> None:
+    from .requantize import requantize_weights, weight_bytes  # noqa: PLC0415 (only drafts need it)
+
+    say(f"re-encoding weights as {to.name}")
+    before = weight_bytes(model.weights)
+    model.weights = requantize_weights(model.weights, to, model.threads)
+    model.requantized = f"{to.name}, {before / 1e6:.0f} -> {weight_bytes(model.weights) / 1e6:.0f} MB a token"
 
 
 def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, say: Callable[[str], None]) -> None:

@@ -174,6 +174,7 @@ class Model:
         self.load_s = 0.0
         self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
         self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
+        self.requantized = ""  # what load_model re-encoded the weights to (a draft model's), for display
         n_pos = max(n_ctx, 1)
         rope_dim = cfg.rope_dim if cfg.spec.positions == "rope" else 0  # learned positions: nothing rotates
         if rope_dim:

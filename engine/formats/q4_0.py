@@ -45,6 +45,41 @@ def dot(row, o, f16, x, p):
     return half(row, o, f16) * s
 
 
+@njit(cache=True, nogil=True)
+def quantize_blocks(x, d, qs):
+    """x float32 (n, 32·nb) -> d float32 (n, nb) and qs uint8 (n, nb, 16): ggml's quantize_row_q4_0_ref (the
+    value of largest magnitude, the first of equals, maps to -8), so that d rounded to half gives its bytes."""
+    for r in range(x.shape[0]):
+        for b in range(d.shape[1]):
+            p = 32 * b
+            amax = np.float32(0.0)
+            vmax = np.float32(0.0)
+            for j in range(32):
+                v = x[r, p + j]
+                if amax < abs(v):
+                    amax = abs(v)
+                    vmax = v
+            scale = vmax / np.float32(-8.0)
+            inv = np.float32(1.0) / scale if scale != 0 else np.float32(0.0)
+            d[r, b] = scale
+            for j in range(16):
+                lo = min(15, np.int32(x[r, p + j] * inv + np.float32(8.5)))
+                hi = min(15, np.int32(x[r, p + j + 16] * inv + np.float32(8.5)))
+                qs[r, b, j] = np.uint8(lo | (hi << 4))
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """x float32 (n, cols), cols a multiple of 32 -> the blocks uint8 (n, cols/32 · 18), as ggml writes them."""
+    n, nb = x.shape[0], x.shape[1] // 32
+    d = np.empty((n, nb), dtype=np.float32)
+    qs = np.empty((n, nb, 16), dtype=np.uint8)
+    quantize_blocks(np.ascontiguousarray(x, dtype=np.float32), d, qs)
+    out = np.empty((n, nb, 18), dtype=np.uint8)
+    out[..., :2] = d.astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+    out[..., 2:] = qs
+    return out.reshape(n, nb * 18)
+
+
 # ---- packed: the layout the SIMD kernels read, and its kernel as plain loops ---------------------------------
 
 
@@ -152,5 +187,6 @@ FORMAT = Format(
     dot=dot,
     packing=PACKING,
     group=group,
+    quantize=quantize,
     emitters={PAIRS: partial(emit_q4_pairs, with_min=False), QUADS: partial(emit_q4_quads, with_min=False)},
 )

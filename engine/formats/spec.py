@@ -40,6 +40,9 @@ class Format:
     packing: Packing | None = None
     group: Kernel | None = None  # group(q, s, g, xq, dx, xsum, acc): the packed kernel as plain loops
     emitters: Mapping[int, Callable[..., None]] = field(default_factory=dict)  # W (emit.PAIRS, QUADS) -> emitter
+    # quantize(x float32 (n, cols)) -> uint8 (n, row_bytes): ggml's reference quantizer, to re-encode a draft
+    # model's weights at load (engine/requantize.py); None where nothing needs it.
+    quantize: Callable[[Any], Any] | None = None
 
     @property
     def code(self) -> int:

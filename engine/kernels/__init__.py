@@ -191,6 +191,25 @@ class WeightMatrix:
         """The decode layout, once `prepare()` has built it."""
         return self._packed[0] if self._packed else None
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes a product reads: the packed copy's once built, else the stored data's."""
+        p = self.packed
+        return p.nbytes if p is not None else self.data.nbytes
+
+    def packed_only(self) -> WeightMatrix:
+        """W packed now, without its stored bytes: for a weight made in memory (engine/requantize.py), whose
+        bytes would otherwise stay resident beside the packed copy. Its `data` is a read-only stand-in of the
+        same shape (zero strides, reads as zeros): products, decoders and the float32 path all read the packed
+        copy, and only token embeddings and GPU uploads read `data`, which such a weight never serves."""
+        p = self.prepare().packed
+        if p is None:
+            raise ValueError(f"{self.name}: type {self.ggml_type.name} has no packed layout")
+        stand_in = np.broadcast_to(np.zeros(1, dtype=self.data.dtype), self.data.shape)
+        w = WeightMatrix(self.name, self.ggml_type, self.rows, self.cols, stand_in)
+        w._packed.append(p)
+        return w
+
     def prepare(self) -> WeightMatrix:
         """Repack W for the decode kernels now, if its type has them; idempotent and thread-safe."""
         if not self._packed and self.ggml_type in PACKED_TYPES:
