@@ -126,11 +126,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
         "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
-        "model_draft", "draft_max", "lookup",
     )  # fmt: skip
+    from .drafting import draft_overrides
     from .remote_cli import remote_overrides
 
-    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None} | remote_overrides(args)
+    given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    return given | draft_overrides(args) | remote_overrides(args)
 
 
 def _settings(args: argparse.Namespace):

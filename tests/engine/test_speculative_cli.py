@@ -102,3 +102,19 @@ def test_bench_with_lookup_reports_plain_and_drafted_decode(smollm2_path, isolat
     assert rc == 0 and result["drafter"] == "lookup"
     assert result["text_decode_tok_s"] > 0 and result["draft_decode_tok_s"] > 0
     assert 0 <= result["draft_acceptance"] <= 1
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "file"])
+def test_the_draft_type_decides_how_the_draft_is_loaded(smollm2_path, isolated_dirs, capsys, kind) -> None:
+    rc = main(["run", "-m", str(smollm2_path), "-md", str(smollm2_path), "--draft-type", kind, "-p", "Hi", "-n", "2"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert ("re-encoding weights as Q4_0" in err) == (kind == "q4_0")
+    assert ("weights Q4_0, 96 -> 76 MB a token" in err) == (kind == "q4_0")  # SmolLM2: Q4_1 and a Q8_0 head
+
+
+def test_an_unknown_draft_type_is_refused_in_one_line(smollm2_path, isolated_dirs, capsys) -> None:
+    rc = main(["run", "-m", str(smollm2_path), "-md", str(smollm2_path), "--draft-type", "q9", "-p", "Hi"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err == ["chatapp: error: command line: draft_type: expected one of q4_0, file, got 'q9'"]
