@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 
 from engine import load_model
 from engine.chat import ChatSession
@@ -432,12 +433,14 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
     assert pace.next_pause > PACE_FIRST_PAUSE  # the next pause is longer
 
 
-def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_model) -> None:
-    """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft: the same vocabulary, and the greedy
-    reply is plain decoding's."""
+def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_path) -> None:
+    """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft, re-encoded to Q4_0 as the app loads a
+    draft: the same vocabulary, and the greedy reply is plain decoding's."""
     settings = replace(GREEDY, max_tokens=32)
     plain = ids_of(run(ChatSession(qwen15_model, settings), REWRITE)[0])
-    drafter = ModelDrafter(qwen_model, qwen15_model)
+    draft = load_model(qwen_path, n_ctx=qwen15_model.n_ctx, requantize=GGMLQuantizationType.Q4_0)
+    assert draft.requantized == "Q4_0, 392 -> 278 MB a token"
+    drafter = ModelDrafter(draft, qwen15_model)
     chat = ChatSession(qwen15_model, settings, drafter=drafter)
     events, stats = run(chat, REWRITE)
     assert_same_greedy(plain, ids_of(events))
