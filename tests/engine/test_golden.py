@@ -25,7 +25,12 @@ from .compare import assert_close_logits
 # llama.cpp near-tie (its top two 0.021-0.161 nats apart). 55 positions are too few to tell 0.93 from 0.90 (one
 # flip is 0.018), so every model is also held to one common bound over ~500 positions below (LONG_*), where Gemma
 # 3 measures 0.954; here its bound is one position below its figure (49/55).
-MIN_AGREEMENT = {"smollm2": 0.92, "qwen": 0.92, "gemma3": 0.89, "qwen15": 0.92}  # Qwen 1.5B: 52/55 measured
+# SmolLM2 on an Intel Xeon of family 6 model 207 (2026-12-05), NumPy's OpenBLAS on its SkylakeX sgemm (the
+# kernels it picks there unless OPENBLAS_CORETYPE says otherwise): 50/55 = 0.909, its five disagreements all at
+# llama.cpp near-ties (its top two 0.010-0.165 nats apart; ours 0.066-0.174); OPENBLAS_CORETYPE=Haswell on the
+# same machine: 51/55. Its bound is one position below that, 49/55, as Gemma 3's; the longer texts below hold it
+# to the common bound (it passed there on that machine).
+MIN_AGREEMENT = {"smollm2": 0.89, "qwen": 0.92, "gemma3": 0.89, "qwen15": 0.92}  # Qwen 1.5B: 52/55 measured
 # Mean |Δ log p| of llama.cpp's top-1: measured 0.036-0.049 (SmolLM2), 0.023-0.029 (Qwen), 0.060 (Gemma 3;
 # 0.056 with float products); bound ~20% over the larger.
 # Qwen2.5-Coder-1.5B, from position 1 (see FLOAT64_FIRST_POSITION): 0.024.
