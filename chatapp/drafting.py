@@ -26,7 +26,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-max", dest="draft_max", type=int, metavar="N", help="most tokens per guess (default 16)")
     g.add_argument(
         "--draft-type", dest="draft_type", metavar="TYPE",
-        help="re-encode the draft model's weights at load: q4_0 (the default: fewer bytes a guess) or file (as stored)",
+        help="the draft model's weights: file (as stored; the default) or q4_0 (re-encoded at load, cheaper guesses)",
     )  # fmt: skip
     g.add_argument(
         "--lookup", action="store_true", default=None,

@@ -69,7 +69,7 @@ class AppSettings:
     sampling: SamplingSettings  # handed to the engine as is
     model_draft: str = ""  # a draft model for speculative decoding (same vocabulary); "" = none
     draft_max: int = 16  # most tokens a drafter guesses per step
-    draft_type: str = "q4_0"  # a draft model's matrices re-encoded at load to this type where that has fewer bits
+    draft_type: str = "file"  # a draft model's matrices as stored, or re-encoded at load to this type ("q4_0")
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml

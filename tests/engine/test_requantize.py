@@ -48,7 +48,7 @@ def test_config_refuses_an_unknown_draft_type(tmp_path, isolated_dirs) -> None:
     config = tmp_path / "config.toml"
     config.write_text('draft_type = "file"\n')
     assert load_settings(config_file=config).draft_type == "file"
-    assert load_settings().draft_type == "q4_0"  # the default
+    assert load_settings().draft_type == "file"  # the default
     config.write_text('draft_type = "q3"\n')
     with pytest.raises(ConfigError, match="draft_type"):
         load_settings(config_file=config)

@@ -434,8 +434,9 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
 
 
 def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_path) -> None:
-    """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft, re-encoded to Q4_0 as the app loads a
-    draft: the same vocabulary, and the greedy reply is plain decoding's."""
+    """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft, re-encoded to Q4_0 (`--draft-type
+    q4_0`, whose guesses differ most from the target's): the same vocabulary, and the greedy reply is plain
+    decoding's."""
     settings = replace(GREEDY, max_tokens=32)
     plain = ids_of(run(ChatSession(qwen15_model, settings), REWRITE)[0])
     draft = load_model(qwen_path, n_ctx=qwen15_model.n_ctx, requantize=GGMLQuantizationType.Q4_0)
