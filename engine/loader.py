@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 from . import prompt_compile
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
-from .footprint import install_numba_savings, release_free_heap
+from .footprint import install_numba_savings, release_free_heap, release_library_pages
 from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
@@ -65,6 +65,7 @@ def load_model(
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
     install_numba_savings(KERNEL_CACHE_DIR)
+    release_library_pages()  # LLVM's pages that importing it touched; loading touches a few of them again
     n_threads = configure_threads(threads)
     say("reading model header")
     file = open_gguf(path)
@@ -103,6 +104,7 @@ def load_model(
     finally:
         prompt_compile.stop(helper)
     release_free_heap()  # what loading parsed and dropped
+    release_library_pages()
     model.load_s = time.perf_counter() - t0
     return model
 

@@ -46,6 +46,12 @@ def _libc_madvise():
 _madvise = _libc_madvise()
 
 
+def release_range(start: int, length: int) -> bool:
+    """Drop the resident pages of [start, start + length), both page-aligned; True when done. For clean file
+    pages only: the next touch reads them back from the page cache."""
+    return _madvise is not None and _madvise(start, length, mmap.MADV_DONTNEED) == 0
+
+
 def is_supported() -> bool:
     """Whether this platform can release pages (Linux, with libc's madvise)."""
     return _madvise is not None
