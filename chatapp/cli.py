@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
+    from gguf import GGMLQuantizationType
+
     from engine.events import TurnStats
 
     from .backend import ChatBackend
@@ -180,7 +182,7 @@ def resolve_model_path(spec: str, say: Callable[[str], None], *, console: bool =
 
 def _load(
     args: argparse.Namespace, settings, say: Callable[[str], None], console: bool = True, pull: bool = False,
-    requantize=None,
+    requantize: GGMLQuantizationType | None = None,
 ):  # fmt: skip
     from engine import load_model
 

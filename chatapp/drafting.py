@@ -39,7 +39,7 @@ def draft_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make_drafter(
-    settings: AppSettings, target: Model, load: Callable[[AppSettings], Model], say: Callable[[str], None]
+    settings: AppSettings, target: Model, load: Callable[..., Model], say: Callable[[str], None]
 ) -> Drafter | None:
     """The drafter the settings ask for, or None. `load(settings, requantize=TYPE)` loads the model named by its
     settings' `model`, its matrices re-encoded to TYPE where that has fewer bits (None: as stored)."""
