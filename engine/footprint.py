@@ -14,8 +14,9 @@ from 319 MB to about 265 MB with all three:
 - llvmlite's LLVM is one 179 MB library. Importing it maps 48 MB of it resident, or 104 MB when the page cache
   holds the file in large folios (a freshly installed file: each fault maps a whole folio); after that, LLVM
   runs only to load cached kernels (or compile on a first start). `release_library_pages` unmaps its clean
-  pages after the import and again after loading, as memory pressure would: SmolLM2's peak for a 256-token
-  prompt and 16 tokens went from 274 to 240 MB (Intel Xeon, 2026-12-05, the small-folio case).
+  pages after the import, after the one-token path loads and at the end, as memory pressure would: SmolLM2's
+  peak for a 256-token prompt and 16 tokens went from 274 to 240 MB with the first and last, 236 MB with all
+  three (Intel Xeon, 2026-12-05, the small-folio case; two runs each).
 
 Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod), which are the
 same in every release from 0.60 to 0.68 (compared). On another release, or when they are not as expected,

@@ -150,6 +150,7 @@ def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, s
     with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
         t1 = time.perf_counter()
         model.logits([0])  # the one-token (matvec) path
+        release_library_pages()  # what loading its kernels touched of LLVM, before the prompt path's load
         prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
         prompt_compile.run_prompt_paths(model)
     if compiled() or helper is not None:
