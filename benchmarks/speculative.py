@@ -266,7 +266,7 @@ def main() -> int:
     p.add_argument("-m", "--model", action="append", required=True)
     p.add_argument("-md", "--model-draft")
     p.add_argument(
-        "--draft-type", default="q4_0",
+        "--draft-type", default="file",
         help="the draft's weights at load, as the app's --draft-type; comma-separated to compare (q4_0,file)",
     )  # fmt: skip
     p.add_argument("--prompt", action="append", choices=sorted(PROMPTS), help="only these prompts (default: all)")

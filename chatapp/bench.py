@@ -55,16 +55,6 @@ def text_prompt(model: Model, n_prompt: int) -> list[int]:
     return ids[:n_prompt]
 
 
-def weight_bytes_per_token(model: Model) -> int:
-    """File bytes of the matrices one decoded token reads: every 2-D tensor but the token embedding, of which a
-    token reads one row (unless it is also the output matrix)."""
-    tensors = model.file.tensors
-    tied = "output.weight" not in tensors
-    return sum(
-        t.data.nbytes for name, t in tensors.items() if len(t.shape) == 2 and (tied or name != "token_embd.weight")
-    )
-
-
 def run_bench(
     model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool, drafter: Drafter | None = None
 ) -> int:
@@ -91,7 +81,7 @@ def run_bench(
     if result["device"] == "cpu":
         from engine.kernels.memory import read_bandwidth
 
-        per_token = weight_bytes_per_token(model)
+        per_token = model.weights.decode_bytes()  # as packed: the bytes the kernels stream
         bandwidth = read_bandwidth()
         result["weights_mb_per_token"] = per_token / 1e6
         result["decode_weights_gb_s"] = per_token * result["decode_tok_s"] / 1e9

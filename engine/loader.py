@@ -132,12 +132,12 @@ def _bind(
 
 
 def _requantize(model: Model, to: GGMLQuantizationType, say: Callable[[str], None]) -> None:
-    from .requantize import requantize_weights, weight_bytes  # noqa: PLC0415 (only drafts need it)
+    from .requantize import requantize_weights  # noqa: PLC0415 (only drafts need it)
 
     say(f"re-encoding weights as {to.name}")
-    before = weight_bytes(model.weights)
+    before = model.weights.decode_bytes()
     model.weights = requantize_weights(model.weights, to, model.threads)
-    model.requantized = f"{to.name}, {before / 1e6:.0f} -> {weight_bytes(model.weights) / 1e6:.0f} MB a token"
+    model.requantized = f"{to.name}, {before / 1e6:.0f} -> {model.weights.decode_bytes() / 1e6:.0f} MB a token"
 
 
 def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, say: Callable[[str], None]) -> None:

@@ -4,9 +4,9 @@ A draft model only guesses: the target checks every guess, so the reply is the s
 precision. Decode reads every weight once a token, so a draft's cost per guess is its bytes: Qwen2.5-Coder-0.5B
 Q4_K_M reads 392 MB a token (a Q8_0 output head of 145 MB, Q5_0 and Q6_K layers), 278 MB once every matrix
 stored in more than Q4_0's 4.5 bits per weight is Q4_0. Matrices at or under that stay as they are, so Q4_K
-keeps its finer scales. The values are decoded to float32 and quantized by gguf's own Q4_0 quantizer (ggml's
-`quantize_row_q4_0_ref`), a slice of rows at a time, then packed for this CPU's kernels; the re-encoded bytes are
-not kept, since packed weights never read them again.
+keeps its finer scales. The values are decoded to float32 and quantized by the format's quantizer (Q4_0's writes
+the bytes of ggml's `quantize_row_q4_0_ref`), a slice of rows at a time, then packed for this CPU's kernels; the
+re-encoded bytes are not kept, since packed weights never read them again.
 """
 
 from __future__ import annotations
@@ -79,10 +79,3 @@ def requantize_weights(weights: Weights, to: T, threads: int | None = None) -> W
             weights, layers=tuple(layer(lw) for lw in weights.layers), output=one(weights.output)
         )
 
-
-def weight_bytes(weights: Weights) -> int:
-    """The bytes decode reads a token: every layer matrix and the output head, as stored or packed."""
-    mats = [weights.output]
-    for lw in weights.layers:
-        mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-    return sum(m.nbytes for m in mats if m is not None)

@@ -14,7 +14,7 @@ from engine.chat import ChatSession
 from engine.errors import SettingsError
 from engine.formats import q4_0
 from engine.kernels import WeightMatrix, dequantize
-from engine.requantize import TYPES, parse_type, requantize_matrix, weight_bytes
+from engine.requantize import TYPES, parse_type, requantize_matrix
 from engine.sampling import SamplingSettings
 from engine.speculative import ModelDrafter
 
@@ -84,7 +84,7 @@ def test_a_requantized_model_reads_fewer_bytes_and_still_predicts(smollm2_model,
     the bytes, and the next-token choices over a piece of code mostly agree with the file's: 0.78 measured on
     this text (every kernel set computes the same bits), where a broken re-encoding agrees on next to none.
     A 135M model quantized twice is the hard case; Qwen2.5-Coder-0.5B's Q5_0 -> Q4_0 agreed on 0.96."""
-    before, after = weight_bytes(smollm2_model.weights), weight_bytes(smollm2_q4_0.weights)
+    before, after = smollm2_model.weights.decode_bytes(), smollm2_q4_0.weights.decode_bytes()
     assert after < 0.8 * before
     assert smollm2_q4_0.requantized.startswith("Q4_0, ") and smollm2_model.requantized == ""
     ids = smollm2_model.tokenize(REWRITE[0].content)
