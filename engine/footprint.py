@@ -13,10 +13,13 @@ from 319 MB to about 265 MB with all three:
 - Parsing leaves the C heap with freed holes that glibc keeps; `release_free_heap` returns them.
 - llvmlite's LLVM is one 179 MB library. Importing it maps 48 MB of it resident, or 104 MB when the page cache
   holds the file in large folios (a freshly installed file: each fault maps a whole folio); after that, LLVM
-  runs only to load cached kernels (or compile on a first start). `release_library_pages` unmaps its clean
-  pages after the import, after the one-token path loads and at the end, as memory pressure would: SmolLM2's
-  peak for a 256-token prompt and 16 tokens went from 274 to 240 MB with the first and last, 236 MB with all
-  three (Intel Xeon, 2026-12-05, the small-folio case; two runs each).
+  runs only to load cached kernels (or compile on a first start), and each load touches ~10-25 MB of it
+  again. `release_library_pages` unmaps its clean pages, as memory pressure would: after the import, and
+  (`release_library_pages_after_kernel_loads`) after every load or compile of kernels, so that what one load
+  touched is gone before the weights packed next add to the peak. SmolLM2's peak for a 256-token prompt went
+  from 274 to 240 MB with releases after the import and at the end of loading, 236 MB with one more after the
+  one-token path; its peak while loading went from 230 to 221 MB with a release after every kernel load
+  (Intel Xeon, 2026-12-05, two runs each).
 
 Both Numba savings rely on Numba internals (numba.core.codegen, numba.core.runtime.nrtdynmod), which are the
 same in every release from 0.60 to 0.68 (compared). On another release, or when they are not as expected,
@@ -163,6 +166,40 @@ def release_library_pages(fragment: str = LLVM_LIBRARY) -> int:
     except OSError:
         return 0
     return released
+
+
+_after_loads_installed = False
+
+
+def release_library_pages_after_kernel_loads() -> None:
+    """From now on (once per process), release LLVM's pages each time Numba lets go of its compiler lock, which
+    it holds to compile a kernel or load one from the cache, and at no other time a kernel runs.
+
+    The lock is re-entrant (a kernel's callees load inside its own load): only the outermost release counts.
+    """
+    global _after_loads_installed
+    if _after_loads_installed:
+        return
+    import threading  # noqa: PLC0415
+
+    from numba.core import event  # noqa: PLC0415
+
+    lock, depth = threading.Lock(), [0]
+
+    class AfterLoads(event.Listener):
+        def on_start(self, ev: event.Event) -> None:
+            with lock:
+                depth[0] += 1
+
+        def on_end(self, ev: event.Event) -> None:
+            with lock:
+                depth[0] -= 1
+                outermost = depth[0] == 0
+            if outermost:
+                release_library_pages()
+
+    event.register("numba:compiler_lock", AfterLoads())
+    _after_loads_installed = True
 
 
 _MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")  # an smaps line that starts a mapping

@@ -16,7 +16,12 @@ from gguf import GGMLQuantizationType
 from . import prompt_compile
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
-from .footprint import install_numba_savings, release_free_heap, release_library_pages
+from .footprint import (
+    install_numba_savings,
+    release_free_heap,
+    release_library_pages,
+    release_library_pages_after_kernel_loads,
+)
 from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
@@ -65,7 +70,8 @@ def load_model(
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
     install_numba_savings(KERNEL_CACHE_DIR)
-    release_library_pages()  # LLVM's pages that importing it touched; loading touches a few of them again
+    release_library_pages()  # LLVM's pages that importing it touched
+    release_library_pages_after_kernel_loads()  # and those each kernel load touches again
     n_threads = configure_threads(threads)
     say("reading model header")
     file = open_gguf(path)
@@ -104,7 +110,6 @@ def load_model(
     finally:
         prompt_compile.stop(helper)
     release_free_heap()  # what loading parsed and dropped
-    release_library_pages()
     model.load_s = time.perf_counter() - t0
     return model
 
@@ -123,6 +128,7 @@ def _bind(
         )
     warnings.extend(tokenizer.warnings)
     file.drop_vocabulary()
+    release_free_heap()  # the vocabulary's strings, before the packed weights add to the peak
     say("checking tensors")
     weights = bind_weights(file, cfg)
     model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
@@ -150,7 +156,6 @@ def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, s
     with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
         t1 = time.perf_counter()
         model.logits([0])  # the one-token (matvec) path
-        release_library_pages()  # what loading its kernels touched of LLVM, before the prompt path's load
         prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
         prompt_compile.run_prompt_paths(model)
     if compiled() or helper is not None:

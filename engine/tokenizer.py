@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import operator
 import re
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ from tokenizers.pre_tokenizers import ByteLevel, Split
 from tokenizers.pre_tokenizers import Sequence as PreTokenizerSequence
 
 from engine.errors import ModelFileError, UnsupportedModelError
+from engine.vocabulary import PackedVocabulary
 
 # GGUF token types (gguf.TokenType), as llama.cpp's converters write them.
 TOKEN_UNDEFINED = 0
@@ -238,7 +240,6 @@ class Tokenizer:
         pre: str | None,
         texts: list[str],
         types: bytes,
-        vocab: dict[str, int],
         bos_id: int | None,
         eos_id: int | None,
         eot_ids: frozenset[int],
@@ -247,7 +248,7 @@ class Tokenizer:
         rstrip_ids: frozenset[int] = frozenset(),
         hf: HFTokenizer | None = None,
         barrier_id: int | None = None,
-        scores: list[float] | None = None,
+        scores: array | None = None,
         warnings: tuple[str, ...] = (),
     ) -> None:
         """Use `from_metadata`; this only stores what it prepared."""
@@ -260,13 +261,13 @@ class Tokenizer:
         self.add_bos = add_bos
         self.warnings = warnings
         # A byte-level BPE vocabulary lives in the HF tokenizer, which already maps both ways; keeping a
-        # Python copy too would cost ~7 MB for 49k tokens. SentencePiece keeps it here: we encode that ourselves.
-        self._texts: list[str] | None = None if hf is not None else texts
+        # Python copy too would cost ~7 MB for 49k tokens. SentencePiece keeps it here, packed (vocabulary.py):
+        # we encode that ourselves.
+        self._vocab = None if hf is not None else PackedVocabulary(texts)  # token text <-> id
         self._types = types  # one byte per token: its TOKEN_* type
-        self._vocab: dict[str, int] | None = None if hf is not None else vocab  # token text -> id
         self._hf = hf  # byte-level BPE only
         self._barrier_id = barrier_id  # HF's stand-in for a byte the vocabulary lacks; never returned
-        self._scores = scores  # SentencePiece only
+        self._scores = scores  # SentencePiece only: float32 per token
         self._spm = model == "llama"
         # SentencePiece puts a space before the text; detokenize takes it off the first token again.
         self._add_space_prefix = add_space_prefix and self._spm
@@ -351,7 +352,6 @@ class Tokenizer:
             pre=pre_name,
             texts=texts,
             types=types,
-            vocab=vocab,
             bos_id=bos_id,
             eos_id=eos_id,
             eot_ids=eot_ids,
@@ -382,6 +382,7 @@ class Tokenizer:
         out: list[int] = []
         if self._spm:
             after_special = True  # SentencePiece adds a space at the start and after each special token
+            known: dict[str, int | None] = {}  # this call's lookups: a text repeats its pairs many times
             for piece in pieces:
                 if isinstance(piece, int):
                     out.append(piece)
@@ -389,7 +390,7 @@ class Tokenizer:
                 else:
                     if self._add_space_prefix and after_special:
                         piece = " " + piece
-                    self._spm_encode(piece.replace(" ", _SPM_SPACE), out)
+                    self._spm_encode(piece.replace(" ", _SPM_SPACE), out, known)
                     after_special = False
             return out
         assert self._hf is not None
@@ -433,12 +434,19 @@ class Tokenizer:
             pieces = split
         return pieces
 
-    def _spm_encode(self, text: str, out: list[int]) -> None:
+    def _spm_encode(self, text: str, out: list[int], known: dict[str, int | None]) -> None:
         """llama.cpp's llm_tokenizer_spm_session: start from single characters and keep merging the adjacent
         pair whose merged text is the highest-scoring token (leftmost on ties); what is left that is not a
-        token goes out as byte tokens <0xNN>."""
-        vocab, scores = self._vocab, self._scores
-        assert scores is not None
+        token goes out as byte tokens <0xNN>. `known`: texts looked up already (id or None), added to."""
+        scores = self._scores
+        assert scores is not None and self._vocab is not None
+
+        def id_of(piece: str) -> int | None:
+            if piece in known:
+                return known[piece]
+            token_id = known[piece] = self._vocab.get(piece)
+            return token_id
+
         symbols = list(text)  # "" once merged into its left neighbour
         n = len(symbols)
         if n == 0:
@@ -449,7 +457,7 @@ class Tokenizer:
         heap: list[tuple[float, int, int, int]] = []
         for i in range(1, n):
             merged = symbols[i - 1] + symbols[i]
-            if (token_id := vocab.get(merged)) is not None:
+            if (token_id := id_of(merged)) is not None:
                 heap.append((-scores[token_id], i - 1, len(merged), i))
         heapq.heapify(heap)
         while heap:
@@ -464,13 +472,13 @@ class Tokenizer:
             for lo, hi in ((prev[left], left), (left, after)):
                 if lo >= 0 and hi >= 0:
                     merged = symbols[lo] + symbols[hi]
-                    if (token_id := vocab.get(merged)) is not None:
+                    if (token_id := id_of(merged)) is not None:
                         heapq.heappush(heap, (-scores[token_id], lo, len(merged), hi))
         # Every merged symbol is a token by construction, so llama.cpp's rev_merge re-segmentation never
         # fires: a symbol is a token, or a single character that goes out as bytes.
         i = 0
         while i >= 0:
-            token_id = vocab.get(symbols[i])
+            token_id = id_of(symbols[i])
             if token_id is not None:
                 out.append(token_id)
             else:
@@ -532,8 +540,8 @@ class Tokenizer:
 
     def _text(self, token_id: int) -> str:
         """Token `token_id`'s vocabulary text (an id already checked)."""
-        if self._texts is not None:
-            return self._texts[token_id]
+        if self._vocab is not None:
+            return self._vocab.text(token_id)
         return self._hf.id_to_token(token_id)
 
     def _lookup(self, text: str) -> int | None:
@@ -666,15 +674,16 @@ def _read_types(meta: Mapping[str, Any], n: int, warnings: list[str]) -> bytes:
     return types.astype(np.uint8).tobytes()
 
 
-def _read_scores(meta: Mapping[str, Any], n: int) -> list[float]:
+def _read_scores(meta: Mapping[str, Any], n: int) -> array:
+    """float32 per token, in an array whose items index as Python floats (the encoder's heap compares them)."""
     key = _KEY + "scores"
     raw = meta.get(key)
     if raw is None:
-        return [0.0] * n  # as llama.cpp: no scores, every merge ties and the leftmost wins
+        return array("f", bytes(4 * n))  # as llama.cpp: no scores, every merge ties and the leftmost wins
     scores = np.asarray(raw, dtype=np.float32)
     if scores.ndim != 1 or len(scores) != n:
         raise ModelFileError(f"{key}: {len(scores)} entries for {n} tokens in {_KEY}tokens")
-    return scores.tolist()
+    return array("f", scores.tobytes())
 
 
 def _read_id(meta: Mapping[str, Any], name: str, n: int) -> int | None:

@@ -154,10 +154,8 @@ def test_a_real_model_runs_the_same_with_the_savings_off(smollm2_path: Path, tmp
     np.testing.assert_array_equal(np.load(tmp_path / "off.npy"), np.load(tmp_path / "on.npy"))
 
 
-LLVM_PAGES = """
+RESIDENT = """
     import re
-    import numba
-    from engine.footprint import release_library_pages
 
     def resident(fragment):
         # kB resident in the mappings of libraries whose path holds fragment, (clean read-only, the rest)
@@ -178,6 +176,11 @@ LLVM_PAGES = """
                 else:
                     other += rss
         return clean, other
+"""
+
+LLVM_PAGES = RESIDENT + """
+    import numba
+    from engine.footprint import release_library_pages
 
     before = resident("libllvmlite")
     released = release_library_pages()
@@ -199,3 +202,39 @@ def test_llvms_clean_pages_are_released_and_come_back_when_needed(tmp_path: Path
     assert clean_after < clean / 10
     assert other_after == other  # relocated data untouched
     assert result == 42
+
+
+AFTER_LOADS = RESIDENT + """
+    import sys
+    import numba
+    from engine.footprint import release_library_pages, release_library_pages_after_kernel_loads
+
+    release_library_pages()
+    if sys.argv[1:] == ["on"]:
+        release_library_pages_after_kernel_loads()
+
+    @numba.njit
+    def twice(x):
+        return 2 * x
+
+    result = twice(21)  # compiled here
+    print(resident("libllvmlite")[0], result)
+"""
+
+
+def test_llvms_pages_are_released_after_each_kernel_load(tmp_path: Path) -> None:
+    """With the release after kernel loads in force, what compiling a kernel touched of LLVM is gone once Numba
+    lets go of its compiler lock; without it, the same compile leaves megabytes of LLVM resident."""
+    script = tmp_path / "after_loads.py"
+    script.write_text(PRELUDE + textwrap.dedent(AFTER_LOADS), encoding="utf-8")
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "CHATAPP_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    kept = {}
+    for state in ("off", "on"):
+        done = subprocess.run([sys.executable, str(script), state], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        clean, result = map(int, done.stdout.split())
+        assert result == 42
+        kept[state] = clean
+    assert kept["off"] > 5_000  # kB: a compile touches tens of MB of LLVM's code
+    assert kept["on"] < kept["off"] / 5
