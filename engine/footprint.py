@@ -172,8 +172,9 @@ _after_loads_installed = False
 
 
 def release_library_pages_after_kernel_loads() -> None:
-    """From now on (once per process), release LLVM's pages each time Numba lets go of its compiler lock, which
-    it holds to compile a kernel or load one from the cache, and at no other time a kernel runs.
+    """From now on (once per process), release LLVM's pages and the free heap each time Numba lets go of its
+    compiler lock, which it holds to compile a kernel or load one from the cache, and at no other time a kernel
+    runs.
 
     The lock is re-entrant (a kernel's callees load inside its own load): only the outermost release counts.
     """
@@ -197,6 +198,7 @@ def release_library_pages_after_kernel_loads() -> None:
                 outermost = depth[0] == 0
             if outermost:
                 release_library_pages()
+                release_free_heap()  # what the load parsed and dropped (~10 MB for the one-call decode layer)
 
     event.register("numba:compiler_lock", AfterLoads())
     _after_loads_installed = True

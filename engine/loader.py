@@ -155,6 +155,11 @@ def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, s
         say(f"compiling kernels for {kernel_isa(compile_target(os.environ)[1])}{beside}: first start only")
     with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
         t1 = time.perf_counter()
+        if model.offload is None:
+            # Every weight packed first: what each kernel load then touches of LLVM (released after it) comes on
+            # top of the weights alone, not of the weights and a big output head's packing at once.
+            for m in model.weights.products():
+                m.prepare()
         model.logits([0])  # the one-token (matvec) path
         prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
         prompt_compile.run_prompt_paths(model)

@@ -46,13 +46,17 @@ class Weights:
     rope_freqs: np.ndarray | None  # (rope_dim/2,) frequency divisors (Llama 3)
     layers: tuple[LayerWeights, ...]
 
-    def decode_bytes(self) -> int:
-        """The weight bytes one decoded token reads: every layer matrix and the output head, packed where they
-        are (a token reads a single row of the embedding)."""
+    def products(self) -> list[WeightMatrix]:
+        """The matrices a token multiplies by: every layer's and the output head (of the embedding, a token
+        reads a single row)."""
         mats = [self.output]
         for lw in self.layers:
             mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-        return sum(m.nbytes for m in mats if m is not None)
+        return [m for m in mats if m is not None]
+
+    def decode_bytes(self) -> int:
+        """The weight bytes one decoded token reads, packed where they are."""
+        return sum(m.nbytes for m in self.products())
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
