@@ -160,6 +160,8 @@ def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, s
             # top of the weights alone, not of the weights and a big output head's packing at once.
             for m in model.weights.products():
                 m.prepare()
+            for m in model.weights.products():
+                m.release_file_pages()
         model.logits([0])  # the one-token (matvec) path
         prompt_compile.finish(helper)  # its kernels are in the cache now, or compile below
         prompt_compile.run_prompt_paths(model)

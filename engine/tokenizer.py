@@ -271,7 +271,8 @@ class Tokenizer:
         self._spm = model == "llama"
         # SentencePiece puts a space before the text; detokenize takes it off the first token again.
         self._add_space_prefix = add_space_prefix and self._spm
-        self._pieces: list[bytes | None] = [None] * len(texts)  # token bytes, filled on first use
+        # token bytes, filled on first use: the tokens a chat meets, not a slot for each (2 MB for 262k tokens)
+        self._pieces: dict[int, bytes] = {}
         # llama.cpp's special-token cache: ids matched verbatim in the text, longest text (in bytes) first.
         kinds = np.frombuffer(types, dtype=np.uint8)
         specials = np.flatnonzero(np.isin(kinds, (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN))).tolist()
@@ -568,7 +569,7 @@ class Tokenizer:
     def _piece(self, token_id: int) -> bytes:
         """The bytes token `token_id` stands for, as llama.cpp's token_to_piece(special=True); cached."""
         self._check_id(token_id)
-        piece = self._pieces[token_id]
+        piece = self._pieces.get(token_id)
         if piece is None:
             piece = self._pieces[token_id] = self._make_piece(token_id)
         return piece

@@ -25,7 +25,8 @@ class PackedVocabulary:
         encoded = [t.encode("utf-8", _ERRORS) for t in texts]
         self._blob = b"".join(encoded)
         ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
-        self._offsets = array("q", [0]) + array("q", ends.tobytes())  # text i: blob[offsets[i] : offsets[i+1]]
+        # text i: blob[offsets[i] : offsets[i+1]]
+        self._offsets = array("q", [0]) + array("q", ends.tobytes())
         hashes = np.fromiter(map(hash, texts), dtype=np.int64, count=len(texts))
         # A hash table without Python objects: the texts' hashes grouped by their low bits (the bucket), and
         # where each bucket starts; about one text a bucket, so a lookup reads a few items.

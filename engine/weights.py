@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
 import numpy as np
@@ -11,7 +11,7 @@ from .config import ModelConfig
 from .errors import ModelFileError, UnsupportedModelError
 from .gguf_file import GGUFFile, TensorEntry
 from .kernels import SUPPORTED_TYPES, WeightMatrix, dequantize
-from .kernels.pages import FileRows
+from .kernels.pages import FileRows, file_copy
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,10 @@ def _split_rows(w: WeightMatrix, sizes: tuple[int, ...]) -> tuple[WeightMatrix, 
 
 
 def _vector(t: TensorEntry | None) -> np.ndarray | None:
-    """Small 1-D tensors (norms, biases) as float32."""
+    """Small 1-D tensors (norms, biases) as float32, read from the file (`file_copy`)."""
     if t is None:
         return None
-    return dequantize(WeightMatrix.from_raw(t.name, t.ggml_type, 1, t.shape[0], t.data))[0]
+    return dequantize(WeightMatrix.from_raw(t.name, t.ggml_type, 1, t.shape[0], file_copy(t.data)))[0]
 
 
 def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
@@ -160,7 +160,7 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
     return Weights(
         token_embd=token_embd,
         token_rows=FileRows.of(token_embd.data),
-        position_embd=dequantize(_matrix(pos)) if pos is not None else None,
+        position_embd=dequantize(_matrix(replace(pos, data=file_copy(pos.data)))) if pos is not None else None,
         output_norm=_vector(ts["output_norm.weight"]),
         output_norm_b=_vector(ts.get("output_norm.bias")),
         output=_matrix(ts["output.weight"]) if "output.weight" in ts else token_embd,

@@ -210,6 +210,13 @@ class WeightMatrix:
         w._packed.append(p)
         return w
 
+    def release_file_pages(self) -> None:
+        """Once W is packed, drop the file pages under its stored bytes again. Packing released them, but
+        reading the next matrix in the file maps the 64 KB around each page it faults in (the kernel's
+        fault-around), this matrix's tail among them: SmolLM2's 210 matrices kept 6 MB of the file so."""
+        if self.packed is not None:
+            pages.release(self.data)
+
     def prepare(self) -> WeightMatrix:
         """Repack W for the decode kernels now, if its type has them; idempotent and thread-safe."""
         if not self._packed and self.ggml_type in PACKED_TYPES:

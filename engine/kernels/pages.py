@@ -93,6 +93,25 @@ def _file_mapping(a: np.ndarray) -> np.memmap | None:
     return found
 
 
+def file_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of `a`. Where `a` is a C-contiguous view of a read-only file mapping, it is read from the file with
+    pread, so that none of the mapping's pages become resident: a fault on a mapped file maps the 64 KB around
+    the page it touches (the kernel's fault-around), and a model's small tensors (norms, biases) lie between its
+    big ones, so copying SmolLM2's 61 norm vectors through the mapping kept 4 MB of it resident."""
+    root = _file_mapping(a)
+    if root is None or root.mode not in ("r", "readonly") or not a.flags.c_contiguous or not hasattr(os, "preadv"):
+        return np.array(a)
+    out = np.empty_like(a, order="C")
+    offset = int(root.offset) + (a.ctypes.data - root.ctypes.data)
+    try:
+        with open(root.filename, "rb", buffering=0) as f:
+            if os.preadv(f.fileno(), [out.reshape(-1).view(np.uint8)], offset) == a.nbytes:
+                return out
+    except OSError:
+        pass
+    return np.array(a)  # unreadable now: through the mapping, as before
+
+
 def is_shared_file_mapping(a: np.ndarray) -> bool:
     """True when `a` is a view of a np.memmap opened read-only or read-write (a MAP_SHARED file mapping)."""
     root = _file_mapping(a)
