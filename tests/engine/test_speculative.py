@@ -374,7 +374,8 @@ def test_lookup_follows_the_copy_over_a_later_occurrence() -> None:
 
 
 def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
-    """1, 3, 7, 15 guesses (2, 4, 8, 16 rows per pass), capped by draft_max; any rejection starts over at one."""
+    """1, 4, 8, 16 guesses (2, 5, 9, 17 rows per pass: a lead row and whole tiles), capped by draft_max; any
+    rejection starts over at one."""
     d = LookupDrafter(draft_max=10)
     ctx = list(range(40)) + list(range(20))  # "17 18 19" matched at 17: guesses 20, 21, ...
     lengths = []
@@ -382,9 +383,9 @@ def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
         guess = d.draft(ctx, 100)
         lengths.append(len(guess))
         d.feedback(len(guess), len(guess) if accepted_all else 0, 1.0)
-    assert lengths == [1, 3, 7, 10, 10, 1]
+    assert lengths == [1, 4, 8, 10, 10, 1]
     d.feedback(0, 0, 1.0)  # a plain pass says nothing of guessing
-    assert len(d.draft(ctx, 100)) == 3
+    assert len(d.draft(ctx, 100)) == 4
 
 
 def test_guesses_that_always_miss_are_checked_rarely() -> None:
