@@ -374,6 +374,61 @@ def test_file_rows_keep_reading_the_file_that_was_mapped(tmp_path) -> None:
     assert pages.FileRows.of(np.memmap(path, mode="c", dtype=np.uint16, shape=(2, 8))) is None  # copy-on-write
 
 
+def _present_pages(a: np.ndarray) -> int:
+    """How many pages under `a` are mapped into this process now (/proc/self/pagemap's present bit)."""
+    page = 4096
+    lo, hi = a.ctypes.data // page, -(-(a.ctypes.data + a.nbytes) // page)
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(lo * 8)
+        entries = np.frombuffer(f.read((hi - lo) * 8), dtype=np.uint64)
+    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
+
+
+@pytest.mark.skipif(not pages.is_supported(), reason="page residency is read from Linux /proc")
+def test_file_copy_reads_the_file_without_mapping_it(tmp_path) -> None:
+    """A small tensor between big ones is copied with pread: none of the mapping's pages (nor the 64 KB the kernel
+    maps around a fault) become resident; anything that is not a read-only file mapping is simply copied."""
+    path = tmp_path / "model.bin"
+    data = np.random.default_rng(3).integers(0, 256, 4 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    mapping = np.memmap(path, mode="r")
+    vector = mapping[(2 << 20) + 100 : (2 << 20) + 100 + 2304].view(np.float32)  # a norm's 576 floats
+    got = pages.file_copy(vector)
+    np.testing.assert_array_equal(got, data[(2 << 20) + 100 : (2 << 20) + 2404].view(np.float32))
+    assert got.base is None or not isinstance(got.base, np.memmap)
+    assert _present_pages(mapping) == 0
+    np.testing.assert_array_equal(np.asarray(vector), got)  # through the mapping: now it is mapped
+    assert _present_pages(mapping) > 0
+    anonymous = np.arange(10, dtype=np.float32)
+    copied = pages.file_copy(anonymous)
+    np.testing.assert_array_equal(copied, anonymous)
+    assert copied is not anonymous
+
+
+@pytest.mark.skipif(not pages.is_supported(), reason="page residency is read from Linux /proc")
+def test_a_packed_weight_gives_its_file_pages_back_again(tmp_path) -> None:
+    """release_file_pages drops the file pages under a packed weight that came back after packing (reading the
+    next matrix faults in the 64 KB around each page); a weight not yet packed keeps its pages."""
+    rows, cols = 256, 512
+    raw = random_blocks(T.Q8_0, rows, cols, np.random.default_rng(5))
+    path = tmp_path / "weights.bin"
+    path.write_bytes(raw.tobytes() * 2)
+    mapping = np.memmap(path, mode="r").reshape(2 * rows, -1)
+    first, second = (WeightMatrix.from_raw(f"w{i}", T.Q8_0, rows, cols, mapping[i * rows : (i + 1) * rows])
+                     for i in range(2))  # fmt: skip
+    x = np.random.default_rng(6).standard_normal(cols).astype(np.float32)
+    expected = matvec(WeightMatrix.from_raw("copy", T.Q8_0, rows, cols, raw.copy()), x)
+    first.prepare()
+    int(first.data.sum(dtype=np.uint64))  # its pages back, as a neighbour's fault-around brings them
+    int(second.data.sum(dtype=np.uint64))
+    assert _present_pages(first.data) > 0
+    first.release_file_pages()
+    second.release_file_pages()  # not packed: nothing to give back
+    assert _present_pages(first.data) == 0
+    assert _present_pages(second.data) > 0
+    np.testing.assert_array_equal(matvec(first, x), expected)  # the packed copy still serves the products
+
+
 def test_release_never_touches_anonymous_memory() -> None:
     a = np.arange(1 << 20, dtype=np.uint8)
     assert not pages.release(a)
