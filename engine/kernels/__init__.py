@@ -341,7 +341,8 @@ def matmul(
     if p is not None and not exact:
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         reuse = same_input and scratch is not None and scratch.quantized_input is xs
-        packed.matmul(p.q, p.s, p.code, xs, out, *packed.row_buffers(t, w.cols, scratch and scratch.take), reuse)
+        buffers = packed.row_buffers(t, w.cols, scratch and scratch.take, bool(packed.PAIRED[p.code]))
+        packed.matmul(p.q, p.s, p.code, xs, out, *buffers, reuse)
         if scratch is not None:
             scratch.quantized_input = xs  # held, so that no other array can take its identity
         return out
