@@ -77,6 +77,17 @@ _PMADDUBSW = {
 }
 
 
+def prefetch_l2(builder: ir.IRBuilder, ptr, off) -> None:
+    """Emit a request to L2 for the cache line at ptr[off]: llvm.prefetch, a hint that never faults, even past
+    the end of the array (the block kernels here and floats.py's products use it)."""
+    i8p, i32 = I8.as_pointer(), ir.IntType(32)
+    fn = builder.module.globals.get("llvm.prefetch.p0i8")
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+    read, data_cache = ir.Constant(i32, 0), ir.Constant(i32, 1)
+    builder.call(fn, [builder.bitcast(builder.gep(ptr, [off]), i8p), read, ir.Constant(i32, _PREFETCH_L2), data_cache])
+
+
 @dataclass(frozen=True)
 class KernelSet:
     """The instructions the block kernels are emitted with, and so each format's packed layout."""
@@ -166,12 +177,7 @@ class Emitter:
 
     def prefetch(self, ptr, off) -> None:
         """Ask L2 for the line at ptr[off] (never faults, even past the array's end)."""
-        i8p, i32 = I8.as_pointer(), ir.IntType(32)
-        fn = self.b.module.globals.get("llvm.prefetch.p0i8")
-        if fn is None:
-            fn = ir.Function(self.b.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        read, data_cache = ir.Constant(i32, 0), ir.Constant(i32, 1)
-        self.b.call(fn, [self.b.bitcast(self.b.gep(ptr, [off]), i8p), read, ir.Constant(i32, _PREFETCH_L2), data_cache])
+        prefetch_l2(self.b, ptr, off)
 
     def qpair(self, q, qo, c, jp: int):
         """<2L x i8>: byte pair jp of the L rows of chunk c (pair layout)."""

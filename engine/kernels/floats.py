@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from ..formats.emit import PREFETCH_AHEAD
+from ..formats.emit import PREFETCH_AHEAD, prefetch_l2
 from .attention import half_to_float, sgemm
 
 # Rows of W widened at a time in `matmul`, about: 96 x n float32 stays in L2. The blocks are as many as a multiple
@@ -41,17 +41,11 @@ def bf16_to_float(typingctx, h):
 
 
 @intrinsic
-def prefetch_l2(typingctx, a, i):
+def _prefetch_l2(typingctx, a, i):
     """Ask L2 for the cache line holding a[i] (a 1-D array); a hint that never faults, even past the end."""
 
     def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fn = builder.module.globals.get("llvm.prefetch.p0i8")
-        if fn is None:
-            fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
-        read, locality_l2, data_cache = ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)
-        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p), read, locality_l2, data_cache])
+        prefetch_l2(builder, context.make_array(signature.args[0])(context, builder, args[0]).data, args[1])
         return context.get_dummy_value()
 
     return types.void(a, types.intp), codegen
@@ -65,7 +59,7 @@ def _prefetch_ahead(w, r):
     ahead = min(r + max(1, PREFETCH_AHEAD // (2 * n)), w.shape[0] - 1)
     row = w[ahead]
     for c in range(0, n, 32):  # 32 values: one 64-byte line
-        prefetch_l2(row, c)
+        _prefetch_l2(row, c)
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath={"reassoc", "contract"})

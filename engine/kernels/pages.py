@@ -23,6 +23,7 @@ import ctypes
 import mmap
 import os
 import sys
+from contextlib import suppress
 
 import numpy as np
 
@@ -93,25 +94,6 @@ def _file_mapping(a: np.ndarray) -> np.memmap | None:
     return found
 
 
-def file_copy(a: np.ndarray) -> np.ndarray:
-    """A copy of `a`. Where `a` is a C-contiguous view of a read-only file mapping, it is read from the file with
-    pread, so that none of the mapping's pages become resident: a fault on a mapped file maps the 64 KB around
-    the page it touches (the kernel's fault-around), and a model's small tensors (norms, biases) lie between its
-    big ones, so copying SmolLM2's 61 norm vectors through the mapping kept 4 MB of it resident."""
-    root = _file_mapping(a)
-    if root is None or root.mode not in ("r", "readonly") or not a.flags.c_contiguous or not hasattr(os, "preadv"):
-        return np.array(a)
-    out = np.empty_like(a, order="C")
-    offset = int(root.offset) + (a.ctypes.data - root.ctypes.data)
-    try:
-        with open(root.filename, "rb", buffering=0) as f:
-            if os.preadv(f.fileno(), [out.reshape(-1).view(np.uint8)], offset) == a.nbytes:
-                return out
-    except OSError:
-        pass
-    return np.array(a)  # unreadable now: through the mapping, as before
-
-
 def is_shared_file_mapping(a: np.ndarray) -> bool:
     """True when `a` is a view of a np.memmap opened read-only or read-write (a MAP_SHARED file mapping)."""
     root = _file_mapping(a)
@@ -158,6 +140,18 @@ class FileRows:
             if os.preadv(fd, [out[i]], self._offset + row * n) != n:
                 raise OSError(f"short read of row {row} from {self._file.name}")
         return out
+
+
+def file_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of `a`. Where `a` is a C-contiguous view of a read-only file mapping, it is read from the file with
+    pread (`FileRows`), so that none of the mapping's pages become resident: a fault on a mapped file maps the
+    64 KB around the page it touches (the kernel's fault-around), and a model's small tensors (norms, biases) lie
+    between its big ones, so copying SmolLM2's 61 norm vectors through the mapping kept 4 MB of it resident."""
+    reader = FileRows.of(a.reshape(1, -1)) if a.flags.c_contiguous else None
+    if reader is not None:
+        with suppress(OSError):
+            return reader.take(np.zeros(1, dtype=np.int64)).reshape(a.shape)
+    return np.array(a)  # not a file mapping, or unreadable now: through the mapping, as before
 
 
 # madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault a range in, writable, in one call. Python's mmap module
