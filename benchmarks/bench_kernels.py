@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
+from engine.formats.dispatch import tag  # noqa: E402
 from engine.kernels import (  # noqa: E402
     PARALLEL_MIN_BYTES,
     QUANTIZED,
@@ -89,12 +90,12 @@ class OtherKernels:
         g = -(-rows // packed.ROWS)
         q = np.zeros((g, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
         s = np.zeros((g, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
-        packed.pack(np.ascontiguousarray(raw), code, block_bytes, copies, halves, q, s)
+        packed.pack(np.ascontiguousarray(raw), tag(code), block_bytes, copies, halves, q, s)
         return q, s
 
     def matvec(self, q: np.ndarray, s: np.ndarray, code: int, x: np.ndarray, out: np.ndarray) -> None:
         fn = self._serial if q.nbytes + s.nbytes < PARALLEL_MIN_BYTES else self._parallel
-        fn(q, s, code, x, out)
+        fn(q, s, tag(code), x, out)
 
 
 def _rebound(dispatcher, **names) -> types.FunctionType:

@@ -1,7 +1,7 @@
 """First start: the prompt path's kernels compiled in a second process, beside the one-token path's here.
 
-Numba compiles on one thread, behind a process-wide lock, so a first start used one core for its ~two minutes
-of compiling. The one-token path (the fused decode layer) and the prompt path (tiled matmul, causal attention)
+Numba compiles on one thread, behind a process-wide lock, so a first start used one core for all of its
+compiling. The one-token path (the fused decode layer) and the prompt path (tiled matmul, causal attention)
 share few kernels, and the compiled kernels land in one on-disk cache: a second process that runs the prompt
 path while this one runs the one-token path halves the wait on two cores. When it is done, this process loads
 its kernels from the cache. If it fails or is killed, this process compiles them itself, as it would alone.

@@ -1,32 +1,56 @@
-"""Dispatch on a format's type id inside compiled code, generated from the registry.
+"""Dispatch on a weight's format inside compiled code, resolved when a kernel is compiled, generated from the
+registry.
 
-Numba cannot index a table of functions by a runtime value, so `by_code` writes the table out as the chain
-`if code == 2: k2(...) elif code == 3: k3(...) ...` and compiles it inline: its callers (cached drivers) see one
-comparison chain, as hand-written, and each branch is the format's own kernel.
+A kernel is passed its weight's format as a *tag* (`tag(code)`: an empty array whose record dtype names the
+format), not as the type id. The tag's type differs per format, so Numba compiles each kernel once per format
+it is called with, and `by_format` picks that format's kernel while typing: a compiled kernel holds the one
+format it runs. A kernel that took the type id as a number held every format's code behind a comparison chain,
+and a first start compiled all ten formats' SIMD kernels into every driver (SmolLM2, which has two formats:
+64 s of compiling on one core, 28 s with its two alone). Passing a tag costs as little as passing an int.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 
 import numpy as np
-from numba import njit
+from numba import from_dtype, types
+from numba.extending import overload
 
 from .spec import Kernel
 
 
-def by_code(kernels: Mapping[int, Kernel], params: str, default: str | None = None) -> Kernel:
-    """f(code, <params>) -> kernels[code](<params>), an inline Numba function.
+@cache
+def tag(code: int) -> np.ndarray:
+    """Format `code`'s tag: what the compiled kernels take in place of its type id."""
+    return np.empty(0, dtype=np.dtype([(f"ggml_type_{int(code)}", np.uint8)]))
 
-    params: the kernels' common parameters, as source ("row, f16, out"). default: an expression returned when
-    no code matches (then each branch returns its kernel's result); None: the kernels return nothing and an
-    unknown code does nothing.
+
+def _code_of(fmt: types.Type) -> int | None:
+    """The type id a tag's Numba type stands for, or None for anything else."""
+    dtype = getattr(fmt, "dtype", None)
+    if not isinstance(fmt, types.Array) or not isinstance(dtype, types.Record) or len(dtype.fields) != 1:
+        return None
+    (name,) = dtype.fields
+    code = name.removeprefix("ggml_type_")
+    return int(code) if code.isdigit() and from_dtype(tag(int(code)).dtype) == dtype else None
+
+
+def by_format(kernels: Mapping[int, Kernel], params: str) -> Kernel:
+    """f(fmt, <params>) -> kernels[code](<params>) for the format whose tag is fmt; inlined where called.
+
+    params: the kernels' common parameters, as source ("row, f16, out"). A tag of a format without a kernel
+    here is a typing error, at compile time.
     """
-    ret = "return " if default is not None else ""
-    lines = [f"def dispatch(code, {params}):"]
-    for i, code in enumerate(kernels):
-        lines += [f"    {'el' if i else ''}if code == {int(code)}:", f"        {ret}k{int(code)}({params})"]
-    lines.append(f"    return {default}" if default is not None else "    return")
-    namespace = {"np": np} | {f"k{int(c)}": k for c, k in kernels.items()}
-    exec(compile("\n".join(lines), f"<dispatch on code: {params}>", "exec"), namespace)
-    return njit(inline="always", nogil=True)(namespace["dispatch"])
+    # Numba's @overload wants the stub, the typing function and each implementation to have the same parameters.
+    namespace: dict = {}
+    exec(f"def dispatch(fmt, {params}):\n    raise NotImplementedError('compiled code only')", namespace)
+    impls = {}
+    for code, kernel in kernels.items():
+        exec(f"def impl(fmt, {params}):\n    return kernel({params})", scope := {"kernel": kernel})
+        impls[int(code)] = scope["impl"]
+    pick = {"impls": impls, "code_of": _code_of}
+    exec(f"def typer(fmt, {params}):\n    return impls.get(code_of(fmt))", pick)
+    overload(namespace["dispatch"], inline="always")(pick["typer"])
+    return namespace["dispatch"]

@@ -46,7 +46,7 @@ class Format:
 
     @property
     def code(self) -> int:
-        """ggml's type id, as the compiled kernels take it."""
+        """ggml's type id (the compiled kernels take its tag, dispatch.tag(code))."""
         return int(self.type)
 
     @property

@@ -72,6 +72,7 @@ from numba import get_num_threads  # noqa: E402
 
 from ..formats import FORMATS, bf16, f16, f32  # noqa: E402
 from ..formats import QUANTIZED as _BLOCK_FORMATS  # noqa: E402
+from ..formats.dispatch import tag  # noqa: E402
 from ..formats.fields import F16_TABLE  # noqa: E402
 from . import attention, cpu, decode, floats, packed, pages  # noqa: E402
 from .scratch import Scratch  # noqa: E402
@@ -143,10 +144,15 @@ class PackedWeight:
         for g0 in range(0, n_groups, step):
             g1 = min(n_groups, g0 + step)
             part = raw[g0 * packed.ROWS : g1 * packed.ROWS]
-            packed.pack(part, code, block_bytes, copies, halves, q[g0:g1], s[g0:g1])
+            packed.pack(part, tag(code), block_bytes, copies, halves, q[g0:g1], s[g0:g1])
             if release:
                 pages.release(part)
         return cls(code, q, s, block_bytes, copies, halves)
+
+    @property
+    def fmt(self) -> np.ndarray:
+        """The format's tag, as the compiled kernels take it (formats.dispatch)."""
+        return tag(self.code)
 
     @property
     def nbytes(self) -> int:
@@ -155,7 +161,7 @@ class PackedWeight:
     def decode_rows(self, r0: int, out: np.ndarray) -> None:
         """W[r0 : r0 + len(out)] -> out float32."""
         packed.dequantize_rows(
-            self.q, self.s, self.code, self.block_bytes, self.copies, self.halves, F16_TABLE, r0, out
+            self.q, self.s, self.fmt, self.block_bytes, self.copies, self.halves, F16_TABLE, r0, out
         )
 
 
@@ -240,7 +246,7 @@ def _decode_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
         return out
     code = QUANTIZED.get(w.ggml_type)
     if code is not None:
-        cpu.dequantize_rows(w.data, code, F16_TABLE, r0, out)
+        cpu.dequantize_rows(w.data, tag(code), F16_TABLE, r0, out)
         return out
     return _float_rows(w, r0, r0 + out.shape[0])
 
@@ -273,13 +279,13 @@ def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exa
         if exact:
             _tiled_matvec(w, x, out)
         elif p.nbytes < PARALLEL_MIN_BYTES:
-            packed.matvec_serial(p.q, p.s, p.code, x, out)
+            packed.matvec_serial(p.q, p.s, p.fmt, x, out)
         else:
-            packed.matvec(p.q, p.s, p.code, x, out)
+            packed.matvec(p.q, p.s, p.fmt, x, out)
         return out
     code = QUANTIZED.get(w.ggml_type)
     if code is not None:
-        cpu.matvec(w.data, code, F16_TABLE, x, out)
+        cpu.matvec(w.data, tag(code), F16_TABLE, x, out)
     elif w.ggml_type == f32.TYPE:
         np.matmul(w.data, x, out=out)
     elif w.data.nbytes < PARALLEL_MIN_BYTES:
@@ -308,8 +314,8 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
             idx.append(i)
     ps = [ws[i].packed for i in idx]
     if len(ps) > 1 and sum(p.nbytes for p in ps) >= PARALLEL_MIN_BYTES:
-        qs, ss, codes = tuple(p.q for p in ps), tuple(p.s for p in ps), tuple(p.code for p in ps)
-        packed.matvec_many(qs, ss, codes, x, tuple(outs[i] for i in idx))
+        qs, ss, fmts = tuple(p.q for p in ps), tuple(p.s for p in ps), tuple(p.fmt for p in ps)
+        packed.matvec_many(qs, ss, fmts, x, tuple(outs[i] for i in idx))
     else:
         for i in idx:
             matvec(ws[i], x, outs[i])
@@ -342,7 +348,7 @@ def matmul(
         xs = np.ascontiguousarray(xs, dtype=np.float32)
         reuse = same_input and scratch is not None and scratch.quantized_input is xs
         buffers = packed.row_buffers(t, w.cols, scratch and scratch.take, bool(packed.PAIRED[p.code]))
-        packed.matmul(p.q, p.s, p.code, xs, out, *buffers, reuse)
+        packed.matmul(p.q, p.s, p.fmt, xs, out, *buffers, reuse)
         if scratch is not None:
             scratch.quantized_input = xs  # held, so that no other array can take its identity
         return out
@@ -388,11 +394,11 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
 
 
 def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, bool]:
-    """W as decode.layer takes it: (q, s, code) when packed, (bit patterns, bf16) for 16-bit floats."""
+    """W as decode.layer takes it: (q, s, format tag) when packed, (bit patterns, bf16) for 16-bit floats."""
     if w.ggml_type in _HALF_TYPES:
         return w.data, w.ggml_type == bf16.TYPE
     p = w.prepare().packed
-    return p.q, p.s, p.code
+    return p.q, p.s, p.fmt
 
 
 _NO_BIAS = np.zeros(0, dtype=np.float32)

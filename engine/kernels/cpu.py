@@ -1,9 +1,9 @@
 """Numba-parallel drivers over quantized weight matrices in their file layout: the float32 reference path.
 
 A weight matrix W (d, n) is stored as its GGUF bytes: `w` uint8 (d, row_bytes), each row its blocks back to
-back. `code` selects the format (ggml's type id). The per-format row functions come from each format's
-reference `deq` and `dot` (engine/formats), and the dispatch over them is generated from the registry; the
-format branch sits outside the block loop, so it costs one comparison chain per row.
+back. `fmt` is the format's tag (engine.formats.dispatch.tag). The per-format row functions come from each format's
+reference `deq` and `dot` (engine/formats), and each driver is compiled for the format it is called
+with (formats.dispatch.by_format).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..formats import QUANTIZED, Format
-from ..formats.dispatch import by_code
+from ..formats.dispatch import by_format
 from ..formats.spec import Kernel
 
 
@@ -51,32 +51,23 @@ def _dot_row_of(fmt: Format) -> Kernel:
     return fused if dot is not None else via_deq
 
 
-_deq_row = by_code({f.code: _deq_row_of(f) for f in QUANTIZED.values()}, "row, f16, out")
-_dot_row = by_code({f.code: _dot_row_of(f) for f in QUANTIZED.values()}, "row, f16, x, buf", "np.float32(0.0)")
+deq_row = by_format({f.code: _deq_row_of(f) for f in QUANTIZED.values()}, "row, f16, out")
+_dot_row = by_format({f.code: _dot_row_of(f) for f in QUANTIZED.values()}, "row, f16, x, buf")
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matvec(w, code, f16, x, out):
+def matvec(w, fmt, f16, x, out):
     """W (d, n) @ x (n,) -> out (d,)."""
     d = w.shape[0]
     n_chunks = min(d, 64)
     for c in prange(n_chunks):
         buf = np.empty(256, dtype=np.float32)  # a block's values, for formats without a fused dot
         for r in range(c * d // n_chunks, (c + 1) * d // n_chunks):
-            out[r] = _dot_row(code, w[r], f16, x, buf)
+            out[r] = _dot_row(fmt, w[r], f16, x, buf)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matvec_rows(w, code, f16, x, rows, out):
-    """W[rows] (k, n) @ x (n,) -> out (k,): only the listed rows (e.g. a vocabulary subset)."""
-    k = rows.shape[0]
-    for i in prange(k):
-        buf = np.empty(256, dtype=np.float32)
-        out[i] = _dot_row(code, w[rows[i]], f16, x, buf)
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def dequantize_rows(w, code, f16, r0, out):
+def dequantize_rows(w, fmt, f16, r0, out):
     """W[r0 : r0 + k] (k, n) -> out (k, n) float32."""
     for i in prange(out.shape[0]):
-        _deq_row(code, w[r0 + i], f16, out[i])
+        deq_row(fmt, w[r0 + i], f16, out[i])

@@ -7,8 +7,8 @@ family's layer in one call, the family's choices passed as arguments (norm kind,
 kind, RoPE, attention scale, sliding window, soft-cap), with the same products as the kernel layer (packed.py
 for the quantized types, floats.py for F16 and BF16), so a token costs n_layer calls into compiled code.
 
-A weight is passed as a tuple: (q, s, code) when packed, (w, bf16) when 16-bit floats; `product` picks the
-kernel from the tuple's type when the layer is compiled.
+A weight is passed as a tuple: (q, s, format tag) when packed, (w, bf16) when 16-bit floats; `product` picks the
+kernel from the tuple's type when the layer is compiled, so a layer is compiled for its weights' formats.
 
 Numerics follow model.py: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), packed products on
 activations quantized to int8 per 32. Attention sums in a different order than BLAS, so results agree with
@@ -141,11 +141,11 @@ def _product(w, x, out, parallel_min_bytes):
     if _is_packed(w):
 
         def packed_product(w, x, out, parallel_min_bytes):
-            q, s, code = w
+            q, s, fmt = w
             if q.nbytes + s.nbytes >= parallel_min_bytes:
-                packed.matvec(q, s, code, x, out)
+                packed.matvec(q, s, fmt, x, out)
             else:
-                packed.matvec_serial(q, s, code, x, out)
+                packed.matvec_serial(q, s, fmt, x, out)
 
         return packed_product
 

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from ..formats import QUANTIZED
-from ..formats.dispatch import by_code
+from ..formats.dispatch import by_format
 from ..formats.fields import ROWS, h2f, qbyte  # noqa: F401  (h2f: tests call packed.h2f)
 from . import cpu, simd
 from .attention import int_bits_as_float
@@ -51,7 +52,7 @@ LEAD_MAX = PER_ITEM + 1
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {f.code: (f.packing.quant_bytes, f.packing.copies, f.packing.halves) for f in QUANTIZED.values()}
 PACKED_CODES = frozenset(LAYOUT)
-# by code: whether this CPU's kernels for the format read byte pairs, and so prompts' xq2 (`double_pairs`)
+# by type id: whether this CPU's kernels for the format read byte pairs, and so prompts' xq2 (`double_pairs`)
 PAIRED = np.array([c in LAYOUT and c not in simd.KERNELS.quad_codes for c in range(max(LAYOUT) + 1)])
 
 
@@ -119,18 +120,18 @@ def double_pairs(xq, xq2):
 # The group functions are compiled once and called (not inlined) by every driver below, so that their large
 # bodies are not compiled again for each driver and for each parallel one's outlined loop.
 
-_group_loops = by_code({f.code: f.group for f in QUANTIZED.values()}, "q, s, g, xq, dx, xsum, acc")
+_group_loops = by_format({f.code: f.group for f in QUANTIZED.values()}, "q, s, g, xq, dx, xsum, acc")
 
 
 @njit(cache=True, nogil=True)
-def group_reference(q, s, code, g, xq, dx, xsum, acc):
-    """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s) of format `code`, as loops."""
+def group_reference(q, s, fmt, g, xq, dx, xsum, acc):
+    """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s) of the format tagged fmt, as loops."""
     acc[:] = 0
-    _group_loops(code, q, s, g, xq, dx, xsum, acc)
+    _group_loops(fmt, q, s, g, xq, dx, xsum, acc)
 
 
 @njit(cache=True, nogil=True)
-def group_simd(q, s, code, g, xq, dx, xsum, acc):
+def group_simd(q, s, fmt, g, xq, dx, xsum, acc):
     """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s), with simd.py's block kernels."""
     acc[:] = 0
     nb = q.shape[1]
@@ -142,12 +143,11 @@ def group_simd(q, s, code, g, xq, dx, xsum, acc):
     xsf = xsum.reshape(-1)
     q0 = g * nb * qstep
     s0 = g * nb * sstep
-    # one loop over the blocks per format (simd.BLOCKS), so that the branch is taken once per group
-    simd.BLOCKS(code, qf, q0, qstep, sf, s0, sstep, xf, dx, xsf, nb, acc)
+    simd.BLOCKS(fmt, qf, q0, qstep, sf, s0, sstep, xf, dx, xsf, nb, acc)
 
 
 @njit(cache=True, nogil=True)
-def group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i0, acc):
+def group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i0, acc):
     """acc (TILE, ROWS) = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens i0 <= i < i0 + TILE (prefill).
 
     xq (t, n/32, 32), dx (t, n/32), xsum (t, n/32, 2) as from quantize_x; xq2 (t, n/32, 64): every token's
@@ -172,44 +172,44 @@ def group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i0, acc):
     n = nx * 32  # values per token
     x0 = i0 * n
     b0 = i0 * nx  # token i0's first 32-block in dx, xsum
-    simd.BLOCKS_TILE(code, qf, q0, qstep, sf, s0, sstep, xf, xf2, x0, n, dxf, xsf, b0, nx, af, nb)
+    simd.BLOCKS_TILE(fmt, qf, q0, qstep, sf, s0, sstep, xf, xf2, x0, n, dxf, xsf, b0, nx, af, nb)
 
 
 # ---- drivers --------------------------------------------------------------------------------------------
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matvec(q, s, code, x, out):
+def matvec(q, s, fmt, x, out):
     """W (d, n) @ x̂ (n,) -> out (d,): x quantized per 32 to int8, one row group per parallel iteration."""
     xq, dx, xsum = quantize_x(x)
     d = out.shape[0]
     for g in prange(q.shape[0]):
         acc = np.empty(ROWS, dtype=np.float32)
-        group_simd(q, s, code, g, xq, dx, xsum, acc)
+        group_simd(q, s, fmt, g, xq, dx, xsum, acc)
         for r in range(min(ROWS, d - g * ROWS)):
             out[g * ROWS + r] = acc[r]
 
 
 @njit(cache=True, nogil=True)
-def matvec_serial(q, s, code, x, out):
+def matvec_serial(q, s, fmt, x, out):
     """`matvec` on the calling thread alone: for weights too small to repay a parallel launch."""
     xq, dx, xsum = quantize_x(x)
     d = out.shape[0]
     acc = np.empty(ROWS, dtype=np.float32)
     for g in range(q.shape[0]):
-        group_simd(q, s, code, g, xq, dx, xsum, acc)
+        group_simd(q, s, fmt, g, xq, dx, xsum, acc)
         for r in range(min(ROWS, d - g * ROWS)):
             out[g * ROWS + r] = acc[r]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matvec_reference(q, s, code, x, out):
+def matvec_reference(q, s, fmt, x, out):
     """`matvec` with the plain-loop kernels (group_*): the same arithmetic, for checking simd.py."""
     xq, dx, xsum = quantize_x(x)
     d = out.shape[0]
     for g in prange(q.shape[0]):
         acc = np.empty(ROWS, dtype=np.float32)
-        group_reference(q, s, code, g, xq, dx, xsum, acc)
+        group_reference(q, s, fmt, g, xq, dx, xsum, acc)
         for r in range(min(ROWS, d - g * ROWS)):
             out[g * ROWS + r] = acc[r]
 
@@ -228,7 +228,7 @@ def row_buffers(
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def matmul(q, s, code, xs, out, xq, dx, xsum, xq2, quantized):
+def matmul(q, s, fmt, xs, out, xq, dx, xsum, xq2, quantized):
     """xs (t, n) @ W.T -> out (t, d) with every token's x quantized as in `matvec` (prefill), into the caller's
     buffers xq, dx, xsum, xq2 (`row_buffers`); with `quantized`, xq, dx and xsum hold xs's already (a
     product of the same input before this one filled them).
@@ -240,7 +240,7 @@ def matmul(q, s, code, xs, out, xq, dx, xsum, xq2, quantized):
     `matvec` of it, bit for bit.
     """
     t = xs.shape[0]
-    paired = PAIRED[code]
+    paired = xq2.shape[0] > 0  # the format's kernels read pairs (else `row_buffers` left xq2 empty)
     if paired or not quantized:
         for i in prange(t):
             if not quantized:
@@ -259,10 +259,10 @@ def matmul(q, s, code, xs, out, xq, dx, xsum, xq2, quantized):
         i = t0
         while i < t1:
             if t1 - i >= TILE and (i > t0 or n_tok > 1):
-                group_simd_tile(q, s, code, g, xq, xq2, dx, xsum, i, acc)
+                group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i, acc)
                 done = TILE
             else:  # the lead token of a short pass, or the last few
-                group_simd(q, s, code, g, xq[i], dx[i], xsum[i], acc[0])
+                group_simd(q, s, fmt, g, xq[i], dx[i], xsum[i], acc[0])
                 done = 1
             for k in range(done):
                 for r in range(rows):
@@ -270,11 +270,25 @@ def matmul(q, s, code, xs, out, xq, dx, xsum, xq2, quantized):
             i += done
 
 
+def group_of(fmts, i, q, s, g, xq, dx, xsum, acc):
+    """group_simd(q, s, fmts[i], ...) for a tuple of tags that may mix formats (Numba indexes such a tuple with
+    constants only). Compiled code only."""
+    raise NotImplementedError("packed.group_of runs inside compiled kernels only")
+
+
+@overload(group_of, inline="always")
+def _group_of(fmts, i, q, s, g, xq, dx, xsum, acc):
+    args = "q, s, fmts[{}], g, xq, dx, xsum, acc"
+    branches = [f"    {'el' if k else ''}if i == {k}:\n        group_simd({args.format(k)})" for k in range(len(fmts))]
+    exec("def impl(fmts, i, q, s, g, xq, dx, xsum, acc):\n" + "\n".join(branches), scope := {"group_simd": group_simd})
+    return scope["impl"]
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def matvec_many(qs, ss, codes, x, outs):
+def matvec_many(qs, ss, fmts, x, outs):
     """W_i @ x̂ -> outs[i] for several packed weights of the same input, in one parallel launch.
 
-    qs, ss, codes, outs: tuples of the weights' packed arrays, formats and outputs (the formats may differ: a
+    qs, ss, fmts, outs: tuples of the weights' packed arrays, format tags and outputs (the formats may differ: a
     layer's small k and v, on one thread alone, left the other idle).
     """
     xq, dx, xsum = quantize_x(x)
@@ -288,7 +302,7 @@ def matvec_many(qs, ss, codes, x, outs):
             i += 1
         g = item - starts[i]
         acc = np.empty(ROWS, dtype=np.float32)
-        group_simd(qs[i], ss[i], codes[i], g, xq, dx, xsum, acc)
+        group_of(fmts, i, qs[i], ss[i], g, xq, dx, xsum, acc)
         out = outs[i]
         for r in range(min(ROWS, out.shape[0] - g * ROWS)):
             out[g * ROWS + r] = acc[r]
@@ -296,17 +310,26 @@ def matvec_many(qs, ss, codes, x, outs):
 
 # ---- packing and unpacking ------------------------------------------------------------------------------
 
-_repack = by_code(
-    {f.code: f.packing.repack for f in QUANTIZED.values() if f.packing.repack is not None}, "row, o, q, s, g, b, r"
-)
-_unpack = by_code(
-    {f.code: f.packing.unpack for f in QUANTIZED.values() if f.packing.unpack is not None}, "q, s, g, b, r, out, o"
-)
+
+
+@njit(inline="always", nogil=True)
+def _copied_only(row, o, q, s, g, b, r):
+    """The repack of a format whose fields are all plain copies: nothing to do."""
+
+
+@njit(inline="always", nogil=True)
+def _copied_back(q, s, g, b, r, out, o):
+    """Its unpack: nothing either."""
+
+
+_repack = by_format({f.code: f.packing.repack or _copied_only for f in QUANTIZED.values()}, "row, o, q, s, g, b, r")
+_unpack = by_format({f.code: f.packing.unpack or _copied_back for f in QUANTIZED.values()}, "q, s, g, b, r, out, o")
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def pack(raw, code, block_bytes, copies, halves, q, s):
-    """raw uint8 (d, row_bytes), the file's rows -> q, s (zero-initialised by the caller, in `layout(code)`).
+def pack(raw, fmt, block_bytes, copies, halves, q, s):
+    """raw uint8 (d, row_bytes), the file's rows of the format tagged fmt -> q, s (zero-initialised by the caller,
+    in `layout(code)`).
 
     Every copied field starts at an even offset of an even-sized block, so q's byte pairs are the file's
     16-bit words: the copy moves 16-bit words, read in file order, rows becoming innermost (W/2 words of a
@@ -334,11 +357,11 @@ def pack(raw, code, block_bytes, copies, halves, q, s):
                         q16[base + (kk // hw) * lanes * hw + kk % hw] = src_row[src + k]
                 for h in range(halves.shape[0]):
                     s[g, b, h, r] = src_row[b * w + halves[h] // 2]
-                _repack(code, row, b * block_bytes, q, s, g, b, r)
+                _repack(fmt, row, b * block_bytes, q, s, g, b, r)
 
 
 @njit(inline="always", cache=True, nogil=True)
-def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
+def unpack_row(q, s, fmt, block_bytes, copies, halves, row, out):
     """Row `row` of the packed weight back into its file bytes: out uint8 (row_bytes,)."""
     g = row // ROWS
     r = row % ROWS
@@ -352,18 +375,18 @@ def unpack_row(q, s, code, block_bytes, copies, halves, row, out):
             v = np.int64(s[g, b, h, r])
             out[o + halves[h]] = np.uint8(v & 255)
             out[o + halves[h] + 1] = np.uint8(v >> 8)
-        _unpack(code, q, s, g, b, r, out, o)  # the fields the format's repack changed
+        _unpack(fmt, q, s, g, b, r, out, o)  # the fields the format's repack changed
 
 
 @njit(cache=True, nogil=True)
-def decode_row(q, s, code, block_bytes, copies, halves, f16, row, buf, out):
+def decode_row(q, s, fmt, block_bytes, copies, halves, f16, row, buf, out):
     """W[row] -> out (n,) float32, through its file bytes (buf, row_bytes) and blocks.py's decoders."""
-    unpack_row(q, s, code, block_bytes, copies, halves, row, buf)
-    cpu._deq_row(code, buf, f16, out)
+    unpack_row(q, s, fmt, block_bytes, copies, halves, row, buf)
+    cpu.deq_row(fmt, buf, f16, out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def dequantize_rows(q, s, code, block_bytes, copies, halves, f16, r0, out):
+def dequantize_rows(q, s, fmt, block_bytes, copies, halves, f16, r0, out):
     """W[r0 : r0 + k] (k, n) -> out (k, n) float32."""
     row_bytes = q.shape[1] * block_bytes
     k = out.shape[0]
@@ -371,4 +394,4 @@ def dequantize_rows(q, s, code, block_bytes, copies, halves, f16, r0, out):
     for c in prange(n_chunks):
         buf = np.empty(row_bytes, dtype=np.uint8)
         for i in range(c * k // n_chunks, (c + 1) * k // n_chunks):
-            decode_row(q, s, code, block_bytes, copies, halves, f16, r0 + i, buf, out[i])
+            decode_row(q, s, fmt, block_bytes, copies, halves, f16, r0 + i, buf, out[i])

@@ -17,8 +17,8 @@ The intrinsics, per format:
 - block_tile(q, qo, s, so, xq, xq2, xo, xstep, dx, xsum, xb, bstep, acc): the same for TILE tokens at once,
   token t's operands at xo + t*xstep (in xq, or for pair kernels in xq2: every pair twice) and xb + t*bstep
   (dx, xsum), its results in acc[t*ROWS : (t+1)*ROWS].
-`BLOCKS` and `BLOCKS_TILE` loop one format's kernel over a group's blocks, dispatched on the format's code by a
-chain generated from the registry (packed.group_simd and group_simd_tile call them).
+`BLOCKS` and `BLOCKS_TILE` loop one format's kernel over a group's blocks, picked by the format's tag
+(formats.dispatch.by_format) when the caller is compiled (packed.group_simd and group_simd_tile call them).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from ..formats import QUANTIZED, Format
-from ..formats.dispatch import by_code
+from ..formats.dispatch import by_format
 from ..formats.emit import I64, PAIRS, QUADS, TILE, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
@@ -138,7 +138,7 @@ def _blocks_tile(kernel, fmt: Format) -> Kernel:
 
 def build_kernels(kernels: KernelSet) -> tuple[Kernel, Kernel]:
     """(blocks, blocks_tile): every format's kernels emitted with `kernels`, each looped over a group's blocks,
-    dispatched on the format's code (see the module docstring for their arguments).
+    picked by the format's tag (see the module docstring for their arguments).
 
     The module's own BLOCKS, BLOCKS_TILE are KERNELS's; another set runs only where its instructions exist, on
     weights packed in its layout (benchmarks compare kernel sets in one process this way).
@@ -147,7 +147,7 @@ def build_kernels(kernels: KernelSet) -> tuple[Kernel, Kernel]:
     tile = {f.code: _blocks_tile(_tile(f, kernels), f) for f in QUANTIZED.values()}
     one_params = "qf, q0, qstep, sf, s0, sstep, xf, dx, xsf, nb, acc"
     tile_params = "qf, q0, qstep, sf, s0, sstep, xf, xf2, x0, n, dxf, xsf, b0, nx, af, nb"
-    return by_code(one, one_params), by_code(tile, tile_params)
+    return by_format(one, one_params), by_format(tile, tile_params)
 
 
 BLOCKS, BLOCKS_TILE = build_kernels(KERNELS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -155,9 +156,9 @@ def check_every_format(out_path: str) -> None:
         one = np.stack([matvec(w, x) for x in xs])
         many = np.empty((len(xs), rows), dtype=np.float32)
         # a lead token, two tiles, one more
-        packed.matmul(p.q, p.s, p.code, xs, many, *packed.row_buffers(*xs.shape), False)
+        packed.matmul(p.q, p.s, p.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
         loops = np.empty(rows, dtype=np.float32)
-        packed.matvec_reference(p.q, p.s, p.code, xs[0], loops)
+        packed.matvec_reference(p.q, p.s, p.fmt, xs[0], loops)
         for i, x in enumerate(xs):
             check_int8_matvec(w, ref, x, one[i])
         np.testing.assert_array_equal(many, one, err_msg=qtype.name)
@@ -174,27 +175,32 @@ def _run_checks(env: dict[str, str], out: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-@pytest.fixture(scope="module")
-def host_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
-    return _run_checks(env, tmp_path_factory.mktemp("host") / "host.npz")
-
-
 # The sets this host can run (the others cannot be checked here, so they are not collected rather than skipped).
 RUNNABLE = [isa for isa in (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE) if _emulated_env(isa) is not None]
+HOST = "host"
+
+
+@pytest.fixture(scope="module")
+def isa_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
+    """Every runnable set's outputs, and the host's own, keyed by set. Each process compiles every format's
+    kernels for its set (minutes on one core): they run side by side, one per core."""
+    folder = tmp_path_factory.mktemp("isa")
+    envs = {HOST: {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}}
+    envs |= {isa: _emulated_env(isa) for isa in RUNNABLE}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {isa: pool.submit(_run_checks, env, folder / f"{isa}.npz") for isa, env in envs.items()}
+        return {isa: run.result() for isa, run in runs.items()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", RUNNABLE)
 def test_each_instruction_set_matches_the_reference_and_the_host(
-    isa: str, host_results: dict[str, np.ndarray], tmp_path: Path
+    isa: str, isa_results: dict[str, dict[str, np.ndarray]]
 ) -> None:
-    env = _emulated_env(isa)
-    assert env is not None
-    got = _run_checks(env, tmp_path / f"{isa}.npz")
+    got = dict(isa_results[isa])
     assert str(got.pop("isa")) == isa
-    host = dict(host_results)
-    host.pop("isa")
+    host = dict(isa_results[HOST])
+    host_isa = str(host.pop("isa"))
     assert got.keys() == host.keys()
     for name, values in host.items():  # the same integer sums and float operations: bit for bit
-        np.testing.assert_array_equal(got[name], values, err_msg=f"{isa} against {host_results['isa']}: {name}")
+        np.testing.assert_array_equal(got[name], values, err_msg=f"{isa} against {host_isa}: {name}")

@@ -270,7 +270,7 @@ def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
             xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
             got = np.empty((n_tok, rows), dtype=np.float32)
             # directly: the wrapper sends one token to matvec
-            packed.matmul(p.q, p.s, p.code, xs, got, *packed.row_buffers(*xs.shape), False)
+            packed.matmul(p.q, p.s, p.fmt, xs, got, *packed.row_buffers(*xs.shape), False)
             for i in range(n_tok):
                 np.testing.assert_array_equal(got[i], matvec(w, xs[i]), err_msg=f"{rows} rows, token {i}/{n_tok}")
 
@@ -487,8 +487,8 @@ def test_simd_kernels_match_the_reference_loops(qtype: T) -> None:
     p = w.packed
     fast = np.empty(w.rows, dtype=np.float32)
     slow = np.empty(w.rows, dtype=np.float32)
-    packed.matvec(p.q, p.s, p.code, x, fast)
-    packed.matvec_reference(p.q, p.s, p.code, x, slow)
+    packed.matvec(p.q, p.s, p.fmt, x, fast)
+    packed.matvec_reference(p.q, p.s, p.fmt, x, slow)
     assert np.abs(fast - slow).max() <= 1e-6 * np.abs(slow).max()
     check_int8_matvec(w, ref, x, slow)
 
