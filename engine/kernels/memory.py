@@ -20,15 +20,27 @@ def _sum_parts(a, parts):
     return parts.sum()
 
 
+class ReadProbe:
+    """The machine's read bandwidth on demand: a resident buffer of nbytes, read in parallel with the kernel
+    thread count. Kept between measurements, so that a benchmark can measure right beside each repetition (on
+    a shared machine the limit moves as much as the speed measured against it)."""
+
+    def __init__(self, nbytes: int = 1 << 30) -> None:
+        self.buffer = np.ones(nbytes // 8, dtype=np.int64)  # written once: every page resident before timing
+        self._parts = np.zeros(numba.get_num_threads(), dtype=np.int64)
+        if _sum_parts(self.buffer, self._parts) != self.buffer.shape[0]:
+            raise RuntimeError("the bandwidth probe summed wrongly")
+
+    def measure(self, repeats: int = 5) -> float:
+        """Bytes per second of a parallel read of the buffer: best of `repeats`."""
+        best = np.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            _sum_parts(self.buffer, self._parts)
+            best = min(best, time.perf_counter() - t)
+        return self.buffer.nbytes / best
+
+
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     """Bytes per second of a parallel read of an nbytes buffer with the kernel thread count: best of `repeats`."""
-    a = np.ones(nbytes // 8, dtype=np.int64)  # written once: every page resident before timing
-    parts = np.zeros(numba.get_num_threads(), dtype=np.int64)
-    if _sum_parts(a, parts) != a.shape[0]:
-        raise RuntimeError("the bandwidth probe summed wrongly")
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _sum_parts(a, parts)
-        best = min(best, time.perf_counter() - t)
-    return a.nbytes / best
+    return ReadProbe(nbytes).measure(repeats)

@@ -104,6 +104,22 @@ def test_bench_with_lookup_reports_plain_and_drafted_decode(smollm2_path, isolat
     assert 0 <= result["draft_acceptance"] <= 1
 
 
+def test_bench_sets_each_repetition_against_the_read_bandwidth_beside_it(smollm2_path, isolated_dirs, capsys) -> None:
+    import json
+    import statistics
+
+    rc = main(["bench", "-m", str(smollm2_path), "-p", "16", "-n", "8", "-r", "3", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert rc == 0 and result["repetitions"] == 3
+    rates, limits = result["decode_tok_s_runs"], result["read_bandwidth_gb_s_runs"]
+    assert len(rates) == len(limits) == 3 and min(limits) > 0
+    assert result["decode_tok_s"] == pytest.approx(statistics.mean(rates))
+    shares = [100 * result["weights_mb_per_token"] * 1e6 * r / (b * 1e9) for r, b in zip(rates, limits, strict=True)]
+    assert result["bandwidth_pct_runs"] == pytest.approx(shares)
+    assert result["bandwidth_pct"] == pytest.approx(statistics.median(shares))
+    assert result["read_bandwidth_gb_s"] == pytest.approx(statistics.median(limits))
+
+
 @pytest.mark.parametrize("kind", ["q4_0", "file"])
 def test_the_draft_type_decides_how_the_draft_is_loaded(smollm2_path, isolated_dirs, capsys, kind) -> None:
     rc = main(["run", "-m", str(smollm2_path), "-md", str(smollm2_path), "--draft-type", kind, "-p", "Hi", "-n", "2"])
