@@ -68,6 +68,11 @@ def _kernel_cache_dir() -> Path:
     module would leave a stale kernel in use. A new hash of the sources means a new, empty folder. Numba checks
     the CPU name and features of each cached kernel too; the folder keeps each CPU's kernels apart besides,
     so a cache folder shared between machines never hands one machine's instructions to another.
+
+    The hash covers where the sources are installed as well: Numba files each kernel under its source file's
+    path, so a second installation of the same sources (another virtual environment) finds none of the first's
+    kernels, and a folder shared with it would make `kernels_compiled()` take its first start for a later one
+    (compiling without the second process: SmolLM2's first start of the app took 45 s instead of 28 s).
     """
     name, features = compile_target(os.environ)
     h = hashlib.sha256()
@@ -75,6 +80,7 @@ def _kernel_cache_dir() -> Path:
     for source in sorted([*(root / "kernels").glob("*.py"), *(root / "formats").glob("*.py")]):  # what is compiled
         h.update(source.relative_to(root).as_posix().encode())
         h.update(source.read_bytes())
+    h.update(str(root.resolve()).encode())
     h.update(repr((name, sorted(features))).encode())
     base = os.environ.get("CHATAPP_CACHE_DIR")
     if not base:

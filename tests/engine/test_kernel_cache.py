@@ -54,6 +54,26 @@ def test_second_start_compiles_nothing(smollm2_path: Path, tmp_path: Path) -> No
     assert _kernel_files(tmp_path) == compiled, "the second start compiled (or rewrote) kernels"
 
 
+def test_each_installation_of_the_same_sources_has_its_own_kernel_folder(tmp_path: Path) -> None:
+    """Numba files kernels under their source paths: a copy of the engine elsewhere (another virtual environment)
+    compiles its own, so its first start must be seen as one, whatever this copy has compiled."""
+    import shutil
+
+    import engine
+
+    shutil.copytree(Path(engine.__file__).parent, tmp_path / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    show = "from engine import runtime; print(runtime.KERNEL_CACHE_DIR); print(runtime.kernels_compiled())"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = [sys.executable, "-c", show]
+    done = subprocess.run(run, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder, compiled = done.stdout.split()
+    assert Path(folder).parent == KERNEL_CACHE_DIR.parent  # the same cache, the same kernel set and CPU ...
+    assert Path(folder).name.split("-")[0] == KERNEL_CACHE_DIR.name.split("-")[0]
+    assert Path(folder) != KERNEL_CACHE_DIR  # ... and a folder of its own
+    assert compiled == "False"
+
+
 def test_compile_progress_counts_compiles_not_cache_loads() -> None:
     from numba import njit
 
