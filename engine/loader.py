@@ -25,7 +25,15 @@ from .footprint import (
 from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
-from .runtime import KERNEL_CACHE_DIR, compile_progress, compile_target, configure_threads, kernel_isa, kernels_compiled
+from .runtime import (
+    KERNEL_CACHE_DIR,
+    compile_progress,
+    compile_target,
+    configure_threads,
+    kernel_isa,
+    kernels_compiled,
+    prune_kernel_folders,
+)
 from .weights import bind_weights
 
 # Upper bound on the KV cache we agree to allocate, as a share of physical memory.
@@ -92,6 +100,7 @@ def load_model(
             f"more than half of this machine's memory"
         )
     first_start = compile_kernels and not kernels_compiled()
+    prune_kernel_folders()  # this folder marked as used; kernel folders unused for a month go
     helper = prompt_compile.start(path) if first_start else None  # meanwhile: the tokenizer, the one-token path
     try:
         model = _bind(file, cfg, n_ctx, n_threads, warnings, say)

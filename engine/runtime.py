@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 # The block kernels' instruction sets (engine/kernels/simd.py), best first.
@@ -99,6 +101,32 @@ from .errors import SettingsError  # noqa: E402
 
 if "numba" in sys.modules:  # imported before us: its config has been read already
     sys.modules["numba"].config.CACHE_DIR = str(KERNEL_CACHE_DIR)
+
+
+# A kernel folder no start has used for this long is removed: its sources have since changed (an upgrade, an
+# edit) or its installation is gone, and each holds tens of MB.
+KERNEL_FOLDER_MAX_AGE_S = 30 * 24 * 3600
+_KERNEL_FOLDER = re.compile(r"[a-z0-9]+-[0-9a-f]{16}")  # `_kernel_cache_dir`'s names
+
+
+def prune_kernel_folders(folder: Path | None = None, max_age_s: float = KERNEL_FOLDER_MAX_AGE_S) -> list[Path]:
+    """Mark `folder` (this process's kernel folder) as used now, and remove the kernel folders beside it that no
+    start has marked for `max_age_s`. Returns those removed. Best effort: a folder that cannot be read or
+    removed stays."""
+    folder = folder or KERNEL_CACHE_DIR
+    with suppress(OSError):
+        if folder.is_dir():
+            os.utime(folder)
+    removed = []
+    cutoff = time.time() - max_age_s
+    with suppress(OSError):
+        for other in folder.parent.iterdir():
+            if other == folder or not _KERNEL_FOLDER.fullmatch(other.name) or not other.is_dir():
+                continue
+            if other.stat().st_mtime < cutoff:
+                shutil.rmtree(other, ignore_errors=True)
+                removed.append(other)
+    return removed
 
 
 def kernels_compiled() -> bool:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,27 @@ def test_each_installation_of_the_same_sources_has_its_own_kernel_folder(tmp_pat
     assert Path(folder).name.split("-")[0] == KERNEL_CACHE_DIR.name.split("-")[0]
     assert Path(folder) != KERNEL_CACHE_DIR  # ... and a folder of its own
     assert compiled == "False"
+
+
+def test_kernel_folders_unused_for_a_month_are_removed(tmp_path: Path) -> None:
+    from engine.runtime import KERNEL_FOLDER_MAX_AGE_S, prune_kernel_folders
+
+    def folder(name: str, age_s: float) -> Path:
+        f = tmp_path / name
+        (f / "kernels_0a1b").mkdir(parents=True)
+        (f / "kernels_0a1b" / "packed.matvec-1.py311.nbi").write_bytes(b"x")
+        os.utime(f, (time.time() - age_s,) * 2)
+        return f
+
+    ours = folder("avx2-00112233445566ff", 2 * KERNEL_FOLDER_MAX_AGE_S)  # long unused, but this process's
+    stale = folder("avx512vnni-8899aabbccddeeff", KERNEL_FOLDER_MAX_AGE_S + 3600)
+    recent = folder("avx512vnni-0123456789abcdef", KERNEL_FOLDER_MAX_AGE_S - 3600)
+    other = folder("notes", 2 * KERNEL_FOLDER_MAX_AGE_S)  # not named as a kernel folder: never touched
+
+    assert prune_kernel_folders(ours) == [stale]
+    assert not stale.exists() and recent.is_dir() and other.is_dir()
+    assert time.time() - ours.stat().st_mtime < 60  # marked as used now
+    assert (ours / "kernels_0a1b" / "packed.matvec-1.py311.nbi").read_bytes() == b"x"
 
 
 def test_compile_progress_counts_compiles_not_cache_loads() -> None:
