@@ -6,7 +6,8 @@ format), not as the type id. The tag's type differs per format, so Numba compile
 it is called with, and `by_format` picks that format's kernel while typing: a compiled kernel holds the one
 format it runs. A kernel that took the type id as a number held every format's code behind a comparison chain,
 and a first start compiled all ten formats' SIMD kernels into every driver (SmolLM2, which has two formats:
-64 s of compiling on one core, 28 s with its two alone). Passing a tag costs as little as passing an int.
+64.5 s of compiling on one core so, 38.4 s with tags). Passing a tag costs about what an int does (0.39 against
+0.22 µs a call).
 """
 
 from __future__ import annotations
