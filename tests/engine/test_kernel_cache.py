@@ -75,6 +75,35 @@ def test_each_installation_of_the_same_sources_has_its_own_kernel_folder(tmp_pat
     assert compiled == "False"
 
 
+SIGNATURES = """
+import json, sys, engine
+from engine.kernels import packed
+m = engine.load_model(sys.argv[1], n_ctx=64)
+drivers = {"matvec": (packed.matvec, 2), "matmul": (packed.matmul, 2), "group_simd": (packed.group_simd, 2),
+           "pack": (packed.pack, 1)}  # the format's argument of each
+print(json.dumps({name: sorted({str(sig[at]) for sig in f.signatures}) for name, (f, at) in drivers.items()}))
+"""
+
+
+def test_kernels_are_compiled_for_the_formats_of_the_model_alone(smollm2_path: Path) -> None:
+    """Each driver is compiled once per format the model has (Q4_1 and a Q8_0 head for SmolLM2), taking the
+    format's tag: a driver that took the type id would hold every format's kernels (engine/formats/dispatch.py)."""
+    import json
+
+    import numba
+    from gguf import GGMLQuantizationType as T
+
+    from engine.formats.dispatch import tag
+
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNATURES, str(smollm2_path)], capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled = json.loads(done.stdout.splitlines()[-1])
+    tags = sorted(str(numba.typeof(tag(int(t)))) for t in (T.Q4_1, T.Q8_0))
+    assert compiled == {"matvec": tags, "matmul": tags, "group_simd": tags, "pack": tags}
+
+
 def test_kernel_folders_unused_for_a_month_are_removed(tmp_path: Path) -> None:
     from engine.runtime import KERNEL_FOLDER_MAX_AGE_S, prune_kernel_folders
 
