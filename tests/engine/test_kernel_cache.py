@@ -100,8 +100,11 @@ def test_kernels_are_compiled_for_the_formats_of_the_model_alone(smollm2_path: P
     )
     assert done.returncode == 0, done.stderr[-2000:]
     compiled = json.loads(done.stdout.splitlines()[-1])
-    tags = sorted(str(numba.typeof(tag(int(t)))) for t in (T.Q4_1, T.Q8_0))
-    assert compiled == {"matvec": tags, "matmul": tags, "group_simd": tags, "pack": tags}
+    tags = {str(numba.typeof(tag(int(t)))) for t in (T.Q4_1, T.Q8_0)}
+    # Kernels loaded from the cache list only what was called from Python (the fused layer's callees are linked
+    # into it): so each driver's formats are some of the model's, and every weight was packed by its own.
+    assert all(set(formats) <= tags for formats in compiled.values()), compiled
+    assert set(compiled["pack"]) == set(compiled["matmul"]) == tags, compiled
 
 
 def test_kernel_folders_unused_for_a_month_are_removed(tmp_path: Path) -> None:
