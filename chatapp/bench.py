@@ -62,9 +62,9 @@ def run_bench(
     if n_prompt + n_gen > model.n_ctx:
         raise ValueError(f"-p {n_prompt} + -n {n_gen} exceed the context of {model.n_ctx}; raise -c")
     measure(model, min(n_prompt, 8), min(n_gen, 2))  # warm-up: page in the weights
-    on_cpu = getattr(model, "device", "cpu") == "cpu"
+    device = getattr(model, "device", "cpu")
     probe = None
-    if on_cpu:
+    if device == "cpu":
         from engine.kernels.memory import ReadProbe
 
         probe = ReadProbe()
@@ -79,7 +79,7 @@ def run_bench(
         "model": model.name,
         "file": str(model.file.path),
         "threads": model.threads,
-        "device": getattr(model, "device", "cpu"),
+        "device": device,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
         "repetitions": len(runs),
