@@ -8,7 +8,7 @@ the speculative-sampling rule (Sampler.sample_draft) and the reply follows the t
 - `ModelDrafter`: a smaller model with the same vocabulary, greedy, with its own KV cache that follows the
   target's (it is truncated to the longest common prefix with the target's tokens before every draft).
 
-Both adapt the draft length (1, 4, 8, 16 guesses: it grows after a fully accepted draft and starts over after a
+Both adapt the draft length (3, 7, 15 guesses: it grows after a fully accepted draft and starts over after a
 rejection), and, as the app runs them, pause guessing while it does not pay (`Pace`): a verification pass over
 k tokens costs more than a one-token pass on a CPU, so wasted guesses must stay rare.
 """
@@ -59,16 +59,14 @@ class Drafter(Protocol):
 
 
 class _Length:
-    """Adaptive draft length: 1, 4, 8, 16, ... up to `most`. It grows after a fully accepted draft and starts
-    over after a rejection. It starts at one guess because a first guess is the likeliest to be wrong (a match
-    that does not go on), and a pass of 2 rows costs ~1.35x a one-token pass against ~2x for 4 (Qwen2.5-Coder-
-    1.5B, Zen 5, one thread: 71 / 96 / 148 ms), so a wrong first guess wastes a third of a token, not a whole one.
+    """Adaptive draft length: TILE - 1, then 2·TILE - 1, 4·TILE - 1, ... guesses, up to `most`. It grows after
+    a fully accepted draft and starts over after a rejection.
 
-    Past one guess the newest token plus the guesses fill 1 + a multiple of kernels' TILE rows: a short pass runs
-    its first row through the one-token kernel, which streams the weights from memory, and the rest TILE at a
-    time from cache, with leftovers one by one (packed.matmul). Whole tiles cost less than leftovers: full
-    passes of the 1.5B (Intel Xeon, 2 threads, fastest of 6) took 82.5 ms for 4 rows and 81.5 for 5, 122.4 for 8
-    and 116.7 for 9, 188.0 for 16 and 191.9 for 17, where 1, 3, 7, 15 guesses had filled 2, 4, 8, 16 rows."""
+    The newest token and the guesses fill whole tiles of the kernels (packed.matmul): a verification pass runs
+    its rows TILE at a time, the first tile streaming the weights from memory while it computes, and a pass of
+    fewer rows is padded to one tile, so 2, 3 and 4 rows cost alike and leftovers past a tile cost more than
+    their share. Full passes of Qwen2.5-Coder-1.5B (Intel Xeon, 2 threads, fastest of 6): 1 row 40-42 ms,
+    2 rows 56-58, 3 rows 58-60, 4 rows 58-61, 5 rows 69-76; 8 rows 91, 9 rows 102, 16 rows 168, 17 rows 181."""
 
     def __init__(self, most: int) -> None:
         self.most = max(1, most)
@@ -78,12 +76,12 @@ class _Length:
         if drafted == 0:
             return
         if accepted >= drafted:
-            self.now = min(self.most, max(TILE, 2 * self.now))
+            self.now = min(self.most, 2 * self.now + 1)
         else:
             self.now = min(FIRST_LENGTH, self.most)
 
 
-FIRST_LENGTH = 1
+FIRST_LENGTH = TILE - 1
 
 
 class Pace:

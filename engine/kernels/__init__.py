@@ -499,7 +499,7 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np
 
 # Passes of up to this many tokens (a draft's check) attend each query as the one-token kernel does, so their
 # logits are a plain decode's bit for bit and greedy output never leaves it at a near-tie; longer ones use BLAS.
-SHORT_PASS = packed.LEAD_MAX
+SHORT_PASS = packed.SHORT_MAX
 
 
 def causal_attention(

@@ -41,13 +41,13 @@ from .attention import int_bits_as_float
 
 TILE = simd.TILE  # tokens per call of a multi-token block kernel (prefill)
 PER_ITEM = 16  # tokens per parallel item of a prompt's `matmul`: a multiple of TILE
-# Up to this many tokens (a speculative verification pass) are one item per group. The first token streams the
-# group from memory through the one-token kernel, and the rest find it in cache, TILE at a time. Over
-# Qwen2.5-1.5B's matrices (2 threads, Zen 5, with the earlier per-block prefetching) this took a pass of 5 tokens
-# from 57.6 to 47.1 ms, 6 from 65.7 to 52.1, 8 from 81.4 to 66.0 and 16 from 116 to 104 against tiles (or, under
-# 8 tokens, one-token kernels) throughout. In a prompt's 16-token items the lead was slower (256 tokens: 1,536
-# against 1,385 ms), and with 17-token items no faster.
-LEAD_MAX = PER_ITEM + 1
+# Up to this many tokens (a speculative verification pass) are one item per group, TILE at a time: the first
+# tile streams the group from memory while it computes, and the rest find it in cache. Over Qwen2.5-1.5B's FFN
+# matrices (715 MB; Intel Xeon, 2 threads, fastest of 18) one token took 23.7 ms and a tile of 4 tokens 32.9,
+# where leading with one token through the one-token kernel (as this did before; measured the faster on a Zen 5
+# with older prefetching) took 44.4; 8 tokens 53.6 against 67.6, 17 tokens 96.0 against 108.3. Under TILE
+# tokens, kernels.matmul pads the pass to one tile: 3 tokens 30.9 ms against 39.4 as one-token kernels.
+SHORT_MAX = PER_ITEM + 1
 
 # code: (QB quant bytes, byte copies (raw offset, q offset, count), raw offsets of the 16-bit fields)
 LAYOUT = {f.code: (f.packing.quant_bytes, f.packing.copies, f.packing.halves) for f in QUANTIZED.values()}
@@ -217,12 +217,14 @@ def matvec_reference(q, s, fmt, x, out):
 def row_buffers(
     t: int, n: int, take=None, paired: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """`matmul`'s buffers for t rows of n values: xq int8 (t, n/32, 32), dx float32 (t, n/32), xsum int32
-    (t, n/32, 2), xq2 int8 (t, n/32, 64); from take(name, shape, dtype) (a Scratch's) where given. Without
-    `paired` (a format whose kernels read quads: they never read xq2), xq2 is empty: 64 bytes a value fewer
-    (4.6 MB for 256 rows of 8960 values, the 1.5B's FFN-down input)."""
+    """`matmul`'s buffers for t rows of n values: xq int8 (t', n/32, 32), dx float32 (t', n/32), xsum int32
+    (t', n/32, 2), xq2 int8 (t', n/32, 64), t' = t but TILE for a pass of 2 to TILE - 1 rows (padded to one
+    tile); from take(name, shape, dtype) (a Scratch's) where given. Without `paired` (a format whose kernels
+    read quads: they never read xq2), xq2 is empty: 64 bytes a value fewer (4.6 MB for 256 rows of 8960
+    values, the 1.5B's FFN-down input)."""
     take = take or (lambda _name, shape, dtype: np.empty(shape, dtype=dtype))
     nb = n // 32
+    t = TILE if 1 < t < TILE else t
     xq2 = take("xq2", (t, nb, 64), np.int8) if paired else np.empty((0, nb, 64), dtype=np.int8)
     return take("xq", (t, nb, 32), np.int8), take("dx", (t, nb), np.float32), take("xsum", (t, nb, 2), np.int32), xq2
 
@@ -235,20 +237,25 @@ def matmul(q, s, fmt, xs, out, xq, dx, xsum, xq2, quantized):
 
     A parallel item is one row group for several tokens: its weights come from memory once and from cache for
     the other tokens, which run TILE at a time through group_simd_tile (decoding the weight bytes once per
-    tile) and the last few one by one through group_simd. Up to LEAD_MAX tokens form one item per group, led by
-    one token through group_simd; more go PER_ITEM to an item. Either way each token's row of out equals
-    `matvec` of it, bit for bit.
+    tile) and the last few one by one through group_simd (a pass of under TILE tokens, whose buffers
+    `row_buffers` padded to one tile, runs as that tile). Up to SHORT_MAX tokens form one item per group; more
+    go PER_ITEM to an item. Either way each token's row of out equals `matvec` of it, bit for bit.
     """
     t = xs.shape[0]
+    padded = xq.shape[0] > t  # a pass of under TILE tokens, run as one tile (`row_buffers`)
     paired = xq2.shape[0] > 0  # the format's kernels read pairs (else `row_buffers` left xq2 empty)
     if paired or not quantized:
-        for i in prange(t):
-            if not quantized:
+        for i in prange(xq.shape[0]):
+            if not quantized and i < t:
                 quantize_into(xs[i], xq[i], dx[i], xsum[i])
+            elif not quantized:  # padding: zeros, whose results are dropped
+                xq[i] = 0
+                dx[i] = 0
+                xsum[i] = 0
             if paired:  # the quad kernels never read xq2
                 double_pairs(xq[i], xq2[i])
     d = out.shape[1]
-    per_item = t if t <= LEAD_MAX else PER_ITEM
+    per_item = t if t <= SHORT_MAX else PER_ITEM
     n_tok = (t + per_item - 1) // per_item
     for item in prange(q.shape[0] * n_tok):
         g = item // n_tok
@@ -258,10 +265,10 @@ def matmul(q, s, fmt, xs, out, xq, dx, xsum, xq2, quantized):
         acc = np.empty((TILE, ROWS), dtype=np.float32)
         i = t0
         while i < t1:
-            if t1 - i >= TILE and (i > t0 or n_tok > 1):
+            if t1 - i >= TILE or padded:
                 group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i, acc)
-                done = TILE
-            else:  # the lead token of a short pass, or the last few
+                done = min(TILE, t1 - i)
+            else:  # the last few
                 group_simd(q, s, fmt, g, xq[i], dx[i], xsum[i], acc[0])
                 done = 1
             for k in range(done):

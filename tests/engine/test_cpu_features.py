@@ -155,8 +155,11 @@ def check_every_format(out_path: str) -> None:
         assert p.q.shape[4:] == packed.layout(p.code), qtype.name
         one = np.stack([matvec(w, x) for x in xs])
         many = np.empty((len(xs), rows), dtype=np.float32)
-        # a lead token, two tiles, one more
+        # two tiles and two more; then three tokens, padded to one tile
         packed.matmul(p.q, p.s, p.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
+        short = np.empty((3, rows), dtype=np.float32)
+        packed.matmul(p.q, p.s, p.fmt, xs[:3], short, *packed.row_buffers(3, cols), False)
+        np.testing.assert_array_equal(short, one[:3], err_msg=qtype.name)
         loops = np.empty(rows, dtype=np.float32)
         packed.matvec_reference(p.q, p.s, p.fmt, xs[0], loops)
         for i, x in enumerate(xs):

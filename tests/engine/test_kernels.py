@@ -256,17 +256,17 @@ def test_prefill_many_tokens_equals_decode_per_token(qtype: T) -> None:
 def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
     """matmul decodes each block once for packed.TILE tokens: every token's row must be matvec's, bit for bit.
 
-    A short pass (up to packed.LEAD_MAX tokens) is led by one token through the one-token kernel: 2 adds one
-    more, 5 a tile, 8 a tile and three more, 17 four tiles. Longer ones go packed.PER_ITEM to an item: 18 leaves
-    a 2-token item, 37 a 5-token one (a tile and one more). Row counts that are not multiples of the group size
-    leave a zero-padded last group.
+    A short pass (up to packed.SHORT_MAX tokens) runs TILE at a time, the last few through the one-token kernel:
+    2 and 3 are padded to one tile, 5 is a tile and one more, 8 two tiles, 17 four tiles and one more. Longer
+    ones go packed.PER_ITEM to an item: 18 leaves a 2-token item, 37 a 5-token one (a tile and one more). Row
+    counts that are not multiples of the group size leave a zero-padded last group.
     """
     rng = np.random.default_rng(int(qtype) + 400)
     cols = 512
     for rows in (70, 130):
         w = WeightMatrix.from_raw("tiles", qtype, rows, cols, random_blocks(qtype, rows, cols, rng)).prepare()
         p = w.packed
-        for n_tok in (1, 2, 5, 8, packed.LEAD_MAX, packed.LEAD_MAX + 1, 37):
+        for n_tok in (1, 2, 3, 4, 5, 8, packed.SHORT_MAX, packed.SHORT_MAX + 1, 37):
             xs = rng.standard_normal((n_tok, cols)).astype(np.float32)
             got = np.empty((n_tok, rows), dtype=np.float32)
             # directly: the wrapper sends one token to matvec
@@ -277,23 +277,25 @@ def test_multi_token_kernels_equal_decode_per_token(qtype: T) -> None:
 
 def test_products_of_one_input_quantize_it_once() -> None:
     """same_input reuses the int8 rows only of the very array the scratch's last product quantized: formats
-    mixed (quad and pair kernels), then another array of the same shape, give each product's own result."""
+    mixed (quad and pair kernels), then another array of the same shape, give each product's own result; in a
+    pass of 40 rows, and in one of 3 (padded to a tile in buffers that a longer pass filled before)."""
     rng = np.random.default_rng(12)
-    cols, t = 512, 40
+    cols = 512
     ws = [
         WeightMatrix.from_raw(f"m{i}", qt, 96, cols, random_blocks(qt, 96, cols, rng)).prepare()
         for i, qt in enumerate((T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0))
     ]
-    a, b = (rng.standard_normal((t, cols)).astype(np.float32) for _ in range(2))
     work = Scratch()
-    for xs in (a, b, b):
-        for i, w in enumerate(ws):
-            got = matmul(w, xs, scratch=work, same_input=i > 0)
-            np.testing.assert_array_equal(got, matmul(w, xs.copy()), err_msg=w.name)
-    assert work.quantized_input is b
-    matmul(ws[0], a, scratch=work)
-    # another array, though the caller says "same": its own rows are quantized
-    np.testing.assert_array_equal(matmul(ws[1], b, scratch=work, same_input=True), matmul(ws[1], b.copy()))
+    for t in (40, 3):
+        a, b = (rng.standard_normal((t, cols)).astype(np.float32) for _ in range(2))
+        for xs in (a, b, b):
+            for i, w in enumerate(ws):
+                got = matmul(w, xs, scratch=work, same_input=i > 0)
+                np.testing.assert_array_equal(got, matmul(w, xs.copy()), err_msg=f"{w.name}, {t} rows")
+        assert work.quantized_input is b
+        matmul(ws[0], a, scratch=work)
+        # another array, though the caller says "same": its own rows are quantized
+        np.testing.assert_array_equal(matmul(ws[1], b, scratch=work, same_input=True), matmul(ws[1], b.copy()))
 
 
 def test_matvec_many_equals_separate_matvecs() -> None:

@@ -350,12 +350,12 @@ def test_lookup_goes_on_past_a_replaced_token() -> None:
     assert guesses == source[6:13]
     replaced = [*source, 1, *reply, *guesses[:2], 999]  # two guesses taken, then the target's own token
     drafter.feedback(7, 2, 10.0)
-    assert drafter.draft(replaced, 7) == [source[9]]  # past source[8], which 999 replaced; one guess again
+    assert drafter.draft(replaced, 7) == source[9:12]  # past source[8], which 999 replaced; three guesses again
     assert LookupDrafter(realign=False).draft(replaced, 7) == []
     # A match that never went on (its first guess rejected) is not followed.
     drafter = LookupDrafter(draft_max=8)
-    assert drafter.draft([*source, 1, *reply], 7) == [source[6]]
-    drafter.feedback(1, 0, 10.0)
+    assert drafter.draft([*source, 1, *reply], 7) == source[6:9]
+    drafter.feedback(3, 0, 10.0)
     assert drafter.draft([*source, 1, *reply, 999], 7) == []
 
 
@@ -364,6 +364,7 @@ def test_lookup_follows_the_copy_over_a_later_occurrence() -> None:
     guessed, not the latest occurrence's (as prompt lookup alone would)."""
     prompt = [20, 12, 13, 14, 15, 16, 17, 30, 12, 13, 14, 99, 98, 97, 1]
     drafter = LookupDrafter(draft_max=8, ngram=3, ngram_min=2)
+    drafter.length.now = 1
     assert drafter.draft([*prompt, 20, 12], 3) == [13]  # "20 12" occurs once: the first copy, one guess
     drafter.feedback(1, 1, 10.0)
     copied = [*prompt, 20, 12, 13, 14]  # the guess taken, and the target's own token goes on the copy
@@ -373,9 +374,9 @@ def test_lookup_follows_the_copy_over_a_later_occurrence() -> None:
     assert plain.draft(copied, 3) == [99, 98, 97]  # "12 13 14" latest
 
 
-def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
-    """1, 4, 8, 16 guesses (2, 5, 9, 17 rows per pass: a lead row and whole tiles), capped by draft_max; any
-    rejection starts over at one."""
+def test_draft_length_starts_at_a_tile_and_grows_on_full_accepts() -> None:
+    """3, 7, 15 guesses (4, 8, 16 rows per pass: whole tiles), capped by draft_max; any rejection starts over
+    at three."""
     d = LookupDrafter(draft_max=10)
     ctx = list(range(40)) + list(range(20))  # "17 18 19" matched at 17: guesses 20, 21, ...
     lengths = []
@@ -383,14 +384,14 @@ def test_draft_length_starts_at_one_guess_and_grows_on_full_accepts() -> None:
         guess = d.draft(ctx, 100)
         lengths.append(len(guess))
         d.feedback(len(guess), len(guess) if accepted_all else 0, 1.0)
-    assert lengths == [1, 4, 8, 10, 10, 1]
+    assert lengths == [3, 7, 10, 10, 10, 3]
     d.feedback(0, 0, 1.0)  # a plain pass says nothing of guessing
-    assert len(d.draft(ctx, 100)) == 4
+    assert len(d.draft(ctx, 100)) == 7
 
 
 def test_guesses_that_always_miss_are_checked_rarely() -> None:
-    """Where nothing matches, the pauses double (4, 8, 16, 32, 64): over 96 steps only 6 passes check a guess,
-    each a one-guess pass, so a reply pays ~6 x 0.3 of a token (the 2-row pass costs ~1.3x a plain one)."""
+    """Where nothing matches, the pauses double (4, 8, 16, 32, 64): over 96 steps only 6 passes check guesses,
+    each a three-guess pass, so a reply pays ~6 x 0.4 of a token (4 rows, one tile: ~1.4x a plain pass)."""
     d = LookupDrafter(paced=True)
     ctx = list(range(40)) + list(range(20))  # always a match: every step may guess
     guessed = []
@@ -398,16 +399,16 @@ def test_guesses_that_always_miss_are_checked_rarely() -> None:
         guess = d.draft(ctx, 100)
         if guess:
             guessed.append((step, len(guess)))
-            d.feedback(len(guess), 0, 13.0)  # rejected: 1 token for 1.3x a plain pass's time
+            d.feedback(len(guess), 0, 14.0)  # rejected: 1 token for 1.4x a plain pass's time
         else:
             d.feedback(0, 0, 10.0)
-    assert [n for _, n in guessed] == [1] * 6
+    assert [n for _, n in guessed] == [3] * 6
     assert [s for s, _ in guessed] == [0, 2, 7, 16, 33, 66]
     later = 0
     for _ in range(650):  # from here on, one guess per 65 steps (PACE_MAX_PAUSE): ~0.5% of a reply's time
         guess = d.draft(ctx, 100)
         later += bool(guess)
-        d.feedback(len(guess), 0, 13.0 if guess else 10.0)
+        d.feedback(len(guess), 0, 14.0 if guess else 10.0)
     assert later <= 10, later
     pace = Pace()
     pace.record(0, 0, 10.0)
