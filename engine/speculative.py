@@ -103,8 +103,10 @@ class Pace:
             return False
         return True
 
-    def record(self, drafted: int, accepted: int, pass_ms: float) -> None:
-        if drafted == 0:
+    def record(self, drafted: int, accepted: int, pass_ms: float, attempted: bool = False) -> None:
+        """A step's pass time: plain (no guesses, none tried), or a try at guessing: guesses checked, or, with
+        `attempted`, a draft model's pass that found no guess confident enough (its time spent for nothing)."""
+        if drafted == 0 and not attempted:
             self.plain_ms = _mean(self.plain_ms, pass_ms)
             return
         self.spec_ms = _mean(self.spec_ms, pass_ms)
@@ -112,9 +114,9 @@ class Pace:
         if self.plain_ms <= 0:  # nothing to compare with yet: the next step runs plain and measures it
             self.pause = 1
             return
-        # A pass that accepted nothing yielded one token at more than a plain pass's cost, whatever the clock
-        # says: a noisy timing must not count it as paying and reset the pause.
-        if accepted == 0 or self.spec_tokens / self.spec_ms < PACE_MARGIN / self.plain_ms:
+        # A pass that accepted none of its guesses yielded one token at more than a plain pass's cost, whatever
+        # the clock says: a noisy timing must not count it as paying and reset the pause.
+        if (drafted > 0 and accepted == 0) or self.spec_tokens / self.spec_ms < PACE_MARGIN / self.plain_ms:
             self.pause = self.next_pause
             self.next_pause = min(PACE_MAX_PAUSE, self.next_pause * 2)
         else:
@@ -236,6 +238,7 @@ class ModelDrafter:
         check_same_vocab(target, model)
         self.pace = Pace() if paced else None
         self._catch_up_ms = 0.0  # the latest draft's catch-up prefill
+        self._tried = False  # whether the latest draft ran the draft model (guesses or not)
         self.model = model
         self.session = model.session(n_ctx)
         self.name = model.name
@@ -263,9 +266,11 @@ class ModelDrafter:
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
         self._catch_up_ms = 0.0
+        self._tried = False
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
         if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
+        self._tried = True
         keep = min(common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
         t0 = time.perf_counter()
@@ -289,5 +294,5 @@ class ModelDrafter:
 
     def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self.length.feedback(drafted, accepted)
-        if self.pace is not None:
-            self.pace.record(drafted, accepted, pass_ms - self._catch_up_ms)
+        if self.pace is not None:  # a pass that found no confident guess was a try all the same (on prose, most)
+            self.pace.record(drafted, accepted, pass_ms - self._catch_up_ms, attempted=self._tried)

@@ -435,6 +435,39 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
     assert pace.next_pause > PACE_FIRST_PAUSE  # the next pause is longer
 
 
+def test_pace_counts_a_draft_pass_without_a_confident_guess() -> None:
+    """A draft model's pass that offers no guess (its top token under p_min: most steps of a prose reply) is a
+    try at guessing that yielded one token for the draft's time on top of a plain pass: tries like that pause
+    guessing, and are never taken for the plain pass time they would inflate."""
+    pace = Pace()
+    pace.record(0, 0, 10.0)  # plain: 10 ms
+    for _ in range(3):
+        pace.record(0, 0, 14.0, attempted=True)  # a draft pass of 4 ms, then the plain pass
+    assert pace.plain_ms == 10.0 and pace.pause > 0
+    pace = Pace()
+    pace.record(0, 0, 10.0)
+    pace.record(4, 4, 20.0)  # 5 tokens in 20 ms
+    pace.record(0, 0, 14.0, attempted=True)  # one fruitless try among paying passes: guessing goes on
+    assert pace.pause == 0
+
+
+def test_a_draft_model_tells_its_pace_of_fruitless_passes(smollm2_model) -> None:
+    """With p_min above any probability no guess is ever offered, yet each step runs the draft: the pace hears
+    of it as a try, pauses, and the paused steps run the draft no more."""
+    drafter = ModelDrafter(smollm2_model, smollm2_model, paced=True, p_min=1.01)
+    ids = smollm2_model.tokenize("Once upon a time")
+    # Given times (a step 1 s plain, 1.2 s with the draft's pass), far above the real catch-up that a draft
+    # after a pause subtracts from them.
+    drafter.feedback(0, 0, 1000.0)  # a plain step first: something to compare with
+    tried = 0
+    for step in range(12):
+        before = drafter.session.n_past
+        assert drafter.draft([*ids, *range(100, 100 + step)], 4) == []
+        tried += drafter.session.n_past != before
+        drafter.feedback(0, 0, 1200.0)
+    assert tried == 2  # steps 0 and 5: pauses of 4, then 8
+
+
 def test_the_real_pair_qwen_1_5b_with_the_0_5b_draft(qwen15_model, qwen_path) -> None:
     """Qwen2.5-Coder-1.5B checked against its 0.5B sibling as the draft, re-encoded to Q4_0 (`--draft-type
     q4_0`, whose guesses differ most from the target's): the same vocabulary, and the greedy reply is plain
