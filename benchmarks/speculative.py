@@ -10,7 +10,8 @@ Named prompts (greedy, the model's chat template):
 - `fresh`: a short request whose reply repeats nothing of the prompt (lookup finds few matches).
 For each prompt: plain decode, `--lookup` (paced, as the app runs it), `misses` (prompt lookup whose every
 guess is wrong, paced the same way: the worst case of a prompt where nothing matches, which the pacing must keep
-near plain speed) and, with -md, the draft model; decode
+near plain speed) and, with -md, the draft model and the two together (`lookup + draft`: lookup's guesses where
+the chat has a match, the model's elsewhere); decode
 tok/s is the median of the repetitions, and every drafted reply is checked against the plain one token for token.
 `pass_ms`: the fastest of 7 target passes over 1, 2, 4, 8 and 16 tokens: with tokens per pass, what a drafted
 step costs against a plain one, the least load-dependent figure here.
@@ -46,7 +47,7 @@ from engine.events import Message, TurnStats  # noqa: E402
 from engine.kv_store import KVStore  # noqa: E402
 from engine.requantize import parse_type  # noqa: E402
 from engine.sampling import SamplingSettings  # noqa: E402
-from engine.speculative import LookupDrafter, ModelDrafter  # noqa: E402
+from engine.speculative import CombinedDrafter, LookupDrafter, ModelDrafter  # noqa: E402
 
 REWRITE_CODE = """import json
 from dataclasses import dataclass
@@ -295,6 +296,10 @@ def main() -> int:
                 modes["misses"] = lambda m=model: MissingLookup(m.n_vocab - 1)
             for mode, draft in drafts.items():
                 modes[mode] = lambda d=draft, m=model: ModelDrafter(d, m, paced=True)
+                if not args.skip_lookup:  # `--lookup -md`: lookup's guesses first, the model's elsewhere
+                    modes[f"lookup + {mode}"] = lambda d=draft, m=model: CombinedDrafter(
+                        LookupDrafter(paced=True), ModelDrafter(d, m, paced=True)
+                    )
             row = out[name] = decode_figures(model, modes, messages, args.n, args.r, args.llama_python)
             if "llama.cpp plain" in row:
                 fig = row.pop("llama.cpp plain")

@@ -1,5 +1,6 @@
 """Speculative decoding options: `-md/--model-draft`, `--draft-max` (llama.cpp's names) and `--lookup`, for the
-app, `run` and `bench`; config keys `model_draft`, `draft_max` and `lookup`."""
+app, `run` and `bench`; config keys `model_draft`, `draft_max` and `lookup`. Both a draft model and lookup: lookup's
+guesses where the chat has a match, the model's elsewhere."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument(
         "--lookup", action="store_true", default=None,
-        help="guess tokens from n-gram matches in the conversation itself (prompt lookup; no second model)",
+        help="guess tokens from n-gram matches in the conversation itself (prompt lookup; with -md, before the model)",
     )  # fmt: skip
 
 
@@ -43,21 +44,18 @@ def make_drafter(
 ) -> Drafter | None:
     """The drafter the settings ask for, or None. `load(settings, requantize=TYPE)` loads the model named by its
     settings' `model`, its matrices re-encoded to TYPE where that has fewer bits (None: as stored)."""
-    from engine.errors import SettingsError
     from engine.requantize import parse_type
-    from engine.speculative import LookupDrafter, ModelDrafter
+    from engine.speculative import CombinedDrafter, LookupDrafter, ModelDrafter
 
-    if settings.model_draft and settings.lookup:
-        raise SettingsError("choose one of --model-draft and --lookup")
-    if settings.lookup:
-        return LookupDrafter(draft_max=settings.draft_max, paced=True)
+    lookup = LookupDrafter(draft_max=settings.draft_max, paced=True) if settings.lookup else None
     if not settings.model_draft:
-        return None
+        return lookup
     draft = load(
         dataclasses.replace(settings, model=settings.model_draft, n_ctx=target.n_ctx),
         requantize=parse_type(settings.draft_type),
     )
     drafter = ModelDrafter(draft, target, draft_max=settings.draft_max, paced=True)  # refuses another vocabulary
     encoded = f", weights {draft.requantized}" if draft.requantized else ""
-    say(f"draft model {draft.name}{encoded}: up to {settings.draft_max} guessed tokens per step")
-    return drafter
+    first = ", prompt lookup's guesses first" if lookup else ""
+    say(f"draft model {draft.name}{encoded}: up to {settings.draft_max} guessed tokens per step{first}")
+    return CombinedDrafter(lookup, drafter) if lookup else drafter

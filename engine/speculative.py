@@ -7,6 +7,7 @@ the speculative-sampling rule (Sampler.sample_draft) and the reply follows the t
   n-gram. Free to compute; it pays off when a reply repeats text already in the conversation.
 - `ModelDrafter`: a smaller model with the same vocabulary, greedy, with its own KV cache that follows the
   target's (it is truncated to the longest common prefix with the target's tokens before every draft).
+- `CombinedDrafter`: lookup's guesses where the context has a match, the draft model's elsewhere.
 
 Both adapt the draft length (3, 7, 15 guesses: it grows after a fully accepted draft and starts over after a
 rejection), and, as the app runs them, pause guessing while it does not pay (`Pace`): a verification pass over
@@ -239,6 +240,7 @@ class ModelDrafter:
         self.pace = Pace() if paced else None
         self._catch_up_ms = 0.0  # the latest draft's catch-up prefill
         self._tried = False  # whether the latest draft ran the draft model (guesses or not)
+        self.draft_ms = 0.0  # the latest draft's own time (0 when it did not run the draft model)
         self.model = model
         self.session = model.session(n_ctx)
         self.name = model.name
@@ -265,12 +267,18 @@ class ModelDrafter:
         return len(prompt) - keep
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
-        self._catch_up_ms = 0.0
+        self._catch_up_ms = self.draft_ms = 0.0
         self._tried = False
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
         if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
         self._tried = True
+        start = time.perf_counter()
+        guesses = self._guess(context, n)
+        self.draft_ms = (time.perf_counter() - start) * 1000
+        return guesses
+
+    def _guess(self, context: Sequence[int], n: int) -> list[int]:
         keep = min(common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
         t0 = time.perf_counter()
@@ -296,3 +304,39 @@ class ModelDrafter:
         self.length.feedback(drafted, accepted)
         if self.pace is not None:  # a pass that found no confident guess was a try all the same (on prose, most)
             self.pace.record(drafted, accepted, pass_ms - self._catch_up_ms, attempted=self._tried)
+
+
+class CombinedDrafter:
+    """Prompt lookup first, a draft model where nothing matches (`--lookup` with `-md`). Lookup's guesses cost
+    nothing to make, so a reply that repeats the chat (a rewrite) takes them, and the rest takes the model's;
+    the model's cache catches up on the tokens lookup supplied at its next draft.
+
+    Each keeps its own draft length and pacing. A step the model was asked for and guessed nothing in is, for
+    lookup's pacing, a plain pass once the model's own try is taken off its time."""
+
+    def __init__(self, lookup: LookupDrafter, model: ModelDrafter) -> None:
+        self.lookup, self.model = lookup, model
+        self.name = f"lookup + {model.name}"
+        self._last: LookupDrafter | ModelDrafter = model  # which one the latest draft came from
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return self.model.cached_tokens
+
+    def draft(self, context: Sequence[int], limit: int) -> list[int]:
+        guesses = self.lookup.draft(context, limit)
+        self._last = self.lookup if guesses else self.model
+        return guesses or self.model.draft(context, limit)
+
+    def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
+        self._last.feedback(drafted, accepted, pass_ms)
+        if self._last is self.model and drafted == 0:
+            self.lookup.feedback(0, 0, pass_ms - self.model.draft_ms)
+
+    def follow(self, tokens: Sequence[int]) -> None:
+        self.lookup.follow(tokens)
+        self.model.follow(tokens)
+
+    def prepare(self, prompt: Sequence[int]) -> int:
+        self.lookup.prepare(prompt)
+        return self.model.prepare(prompt)

@@ -22,7 +22,7 @@ from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenE
 from engine.kernels import float_products
 from engine.sampling import Sampler, SamplingSettings, distribution
 from engine.sequences import common_prefix
-from engine.speculative import PACE_FIRST_PAUSE, LookupDrafter, ModelDrafter, Pace, check_same_vocab
+from engine.speculative import PACE_FIRST_PAUSE, CombinedDrafter, LookupDrafter, ModelDrafter, Pace, check_same_vocab
 
 from .compare import assert_cache_exactly_fresh
 from .synthetic import write_tiny_model
@@ -79,6 +79,15 @@ class FixedDrafter:
 
 
 # -- the acceptance rule -----------------------------------------------------------------------------------
+
+
+def drafter_of(kind: str, model, n_ctx: int | None = None):
+    """A drafter of one of the kinds the app makes: lookup, a draft model (the model itself), or both."""
+    if kind == "lookup":
+        return LookupDrafter()
+    if kind == "draft-model":
+        return ModelDrafter(model, model, n_ctx=n_ctx)
+    return CombinedDrafter(LookupDrafter(), ModelDrafter(model, model, n_ctx=n_ctx))
 
 
 def chi_square_bound(df: int, z: float = 4.0) -> float:
@@ -176,22 +185,22 @@ def test_sampled_replies_follow_the_target_distribution(tiny, kind: str) -> None
 # -- greedy on the real models -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["lookup", "draft-model"])
+@pytest.mark.parametrize("kind", ["lookup", "draft-model", "both"])
 @pytest.mark.parametrize("messages", [REWRITE, STORY], ids=["rewrite", "story"])
 def test_greedy_equals_plain_decoding(smollm2_model, kind: str, messages) -> None:
     plain_chat = ChatSession(smollm2_model, GREEDY)
     plain_events, plain_stats = run(plain_chat, messages)
-    drafter = LookupDrafter() if kind == "lookup" else ModelDrafter(smollm2_model, smollm2_model)
+    drafter = drafter_of(kind, smollm2_model)
     chat = ChatSession(smollm2_model, GREEDY, drafter=drafter)
     events, stats = run(chat, messages)
     prompt = chat.prompt_tokens(messages)
     assert_same_greedy(ids_of(plain_events), ids_of(events))
     assert stats.reply == plain_stats.reply
     assert chat.cached_tokens == (prompt + ids_of(events))[: len(chat.cached_tokens)]
-    if kind == "draft-model":  # its own draft: every confident guess is right
+    if kind != "lookup":  # its own draft: every confident guess is right
         assert stats.draft_accepted > 0 and stats.tokens_per_pass > 1
         assert drafter.cached_tokens == chat.cached_tokens[: len(drafter.cached_tokens)]
-    if messages is REWRITE and kind == "lookup":
+    if messages is REWRITE and kind != "draft-model":
         assert stats.draft_accepted > 0
     assert sum(e.drafted for e in events) == stats.draft_accepted
 
@@ -224,12 +233,12 @@ def test_rejected_guesses_leave_the_cache(smollm2_model) -> None:
         assert_cache_exactly_fresh(chat)
 
 
-@pytest.mark.parametrize("kind", ["lookup", "draft-model"])
+@pytest.mark.parametrize("kind", ["lookup", "draft-model", "both"])
 def test_cancel_with_guesses_in_flight(smollm2_model, kind: str) -> None:
     """Cancel while accepted and unchecked guesses are in the cache: it keeps exactly the shown tokens, the
     draft model's cache follows, and the next turn is exact."""
     with float_products():
-        drafter = LookupDrafter() if kind == "lookup" else ModelDrafter(smollm2_model, smollm2_model)
+        drafter = drafter_of(kind, smollm2_model)
         chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=64), drafter=drafter)
         prompt = chat.prompt_tokens(REWRITE)
         shown: list[TokenEvent] = []
@@ -242,7 +251,7 @@ def test_cancel_with_guesses_in_flight(smollm2_model, kind: str) -> None:
                 stats = event
         assert stats.stop_reason == STOP_CANCELLED and len(shown) == 6
         assert chat.cached_tokens == prompt + ids_of(shown)
-        if isinstance(drafter, ModelDrafter):
+        if kind != "lookup":
             assert chat.cached_tokens[: len(drafter.cached_tokens)] == drafter.cached_tokens
         chat.settings = replace(GREEDY, max_tokens=1)
         follow = [*REWRITE, Message("assistant", stats.reply), Message("user", "Go on.")]
@@ -251,12 +260,12 @@ def test_cancel_with_guesses_in_flight(smollm2_model, kind: str) -> None:
         assert_cache_exactly_fresh(chat)
 
 
-@pytest.mark.parametrize("kind", ["draft-model", "lookup"])
+@pytest.mark.parametrize("kind", ["draft-model", "lookup", "both"])
 def test_context_shift_with_a_drafter(smollm2_model, kind: str) -> None:
     """Turns that overflow a 256-token context: shifts happen, the system prompt stays, the draft model's cache
     is always a prefix of the target's, the cache holds only shown tokens, and replies end normally."""
     lookup = kind == "lookup"
-    drafter = LookupDrafter() if lookup else ModelDrafter(smollm2_model, smollm2_model, n_ctx=256)
+    drafter = drafter_of(kind, smollm2_model, n_ctx=256)
     chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=40), n_ctx=256, drafter=drafter)
     system = Message("system", "You are a pirate. Always answer like a pirate.")
     system_ids = chat.prompt_tokens([system], add_generation_prompt=False)
@@ -433,6 +442,30 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
     paused = [pace.allow() for _ in range(pace.pause + 1)]
     assert paused[-1] and not any(paused[:-1])
     assert pace.next_pause > PACE_FIRST_PAUSE  # the next pause is longer
+
+
+def test_lookup_and_a_draft_model_take_turns(smollm2_model) -> None:
+    """Both: where the context has a match, lookup's guesses, and the draft model is not run; elsewhere the
+    model's, its cache catching up on the context. A step where the model guessed nothing is a plain pass for
+    lookup's pacing, less the model's own time."""
+    model = ModelDrafter(smollm2_model, smollm2_model)
+    both = CombinedDrafter(LookupDrafter(), model)
+    assert both.name == f"lookup + {smollm2_model.name}"
+    story = smollm2_model.tokenize("The cat sat on the mat. The dog ran in the park. The cat sat on the")
+    both.prepare(story[:-1])
+    before = list(model.session.tokens)
+    expected = LookupDrafter().draft(story, 8)
+    assert expected and both.draft(story, 8) == expected
+    assert model.session.tokens == before  # lookup's turn: the model did not run
+    fresh = smollm2_model.tokenize("Once upon a time, in a land far away, there lived")
+    assert LookupDrafter().draft(fresh, 4) == []  # nothing repeats
+    guesses = both.draft(fresh, 4)
+    assert guesses and guesses == ModelDrafter(smollm2_model, smollm2_model).draft(fresh, 4)
+    assert model.session.tokens[: len(fresh)] == fresh
+    paced = CombinedDrafter(LookupDrafter(paced=True), ModelDrafter(smollm2_model, smollm2_model, p_min=1.01))
+    assert paced.draft(fresh, 4) == [] and paced.model.draft_ms > 0  # the model ran, and guessed nothing
+    paced.feedback(0, 0, 1000.0 + paced.model.draft_ms)
+    assert paced.lookup.pace.plain_ms == pytest.approx(1000.0)
 
 
 def test_pace_counts_a_draft_pass_without_a_confident_guess() -> None:

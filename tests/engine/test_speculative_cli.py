@@ -21,7 +21,11 @@ def test_a_draft_of_another_vocabulary_is_refused_in_one_line(smollm2_path, tmp_
     assert not any("Traceback" in line for line in err)
 
 
-@pytest.mark.parametrize("flags", [["--lookup"], ["-md", "SELF", "--draft-max", "4"]], ids=["lookup", "draft"])
+@pytest.mark.parametrize(
+    "flags",
+    [["--lookup"], ["-md", "SELF", "--draft-max", "4"], ["-md", "SELF", "--lookup"]],
+    ids=["lookup", "draft", "both"],
+)
 def test_run_with_a_drafter_reports_its_guesses(smollm2_path, isolated_dirs, capsys, flags) -> None:
     flags = [str(smollm2_path) if f == "SELF" else f for f in flags]
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
@@ -30,6 +34,7 @@ def test_run_with_a_drafter_reports_its_guesses(smollm2_path, isolated_dirs, cap
     assert rc == 0
     assert "guesses accepted" in out.err and "tokens per target pass" in out.err
     assert ("draft prompt" in out.err) == ("-md" in flags)  # a draft model's own prompt pass is shown
+    assert ("lookup + " in out.err) == ("-md" in flags and "--lookup" in flags)  # both: lookup's guesses first
 
 
 def test_config_keys(tmp_path, isolated_dirs) -> None:
