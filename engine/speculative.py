@@ -240,7 +240,6 @@ class ModelDrafter:
         self.pace = Pace() if paced else None
         self._catch_up_ms = 0.0  # the latest draft's catch-up prefill
         self._tried = False  # whether the latest draft ran the draft model (guesses or not)
-        self.draft_ms = 0.0  # the latest draft's own time (0 when it did not run the draft model)
         self.model = model
         self.session = model.session(n_ctx)
         self.name = model.name
@@ -267,18 +266,12 @@ class ModelDrafter:
         return len(prompt) - keep
 
     def draft(self, context: Sequence[int], limit: int) -> list[int]:
-        self._catch_up_ms = self.draft_ms = 0.0
+        self._catch_up_ms = 0.0
         self._tried = False
         n = min(limit, self.length.now, self.session.n_ctx - len(context))
         if n <= 0 or not context or (self.pace is not None and not self.pace.allow()):
             return []
         self._tried = True
-        start = time.perf_counter()
-        guesses = self._guess(context, n)
-        self.draft_ms = (time.perf_counter() - start) * 1000
-        return guesses
-
-    def _guess(self, context: Sequence[int], n: int) -> list[int]:
         keep = min(common_prefix(self.session.tokens, context), len(context) - 1)
         self.session.truncate(keep)
         t0 = time.perf_counter()
@@ -311,8 +304,10 @@ class CombinedDrafter:
     nothing to make, so a reply that repeats the chat (a rewrite) takes them, and the rest takes the model's;
     the model's cache catches up on the tokens lookup supplied at its next draft.
 
-    Each keeps its own draft length and pacing. A step the model was asked for and guessed nothing in is, for
-    lookup's pacing, a plain pass once the model's own try is taken off its time."""
+    Each keeps its own draft length and pacing, and lookup's pacing sets its passes against the model's steps
+    rather than plain ones: where the model's guesses pay (new code), lookup guesses only while it beats them.
+    On Qwen2.5-Coder-1.5B with the 0.5B draft (Intel Xeon, medians of 3), set against plain passes instead, it
+    had taken `code` from 1.34x plain (the model alone) to 1.28x."""
 
     def __init__(self, lookup: LookupDrafter, model: ModelDrafter) -> None:
         self.lookup, self.model = lookup, model
@@ -330,8 +325,8 @@ class CombinedDrafter:
 
     def feedback(self, drafted: int, accepted: int, pass_ms: float) -> None:
         self._last.feedback(drafted, accepted, pass_ms)
-        if self._last is self.model and drafted == 0:
-            self.lookup.feedback(0, 0, pass_ms - self.model.draft_ms)
+        if self._last is self.model:  # what lookup must beat: the model's step, per token it yielded
+            self.lookup.feedback(0, 0, pass_ms / (accepted + 1))
 
     def follow(self, tokens: Sequence[int]) -> None:
         self.lookup.follow(tokens)

@@ -446,8 +446,8 @@ def test_pace_pauses_guessing_that_does_not_pay() -> None:
 
 def test_lookup_and_a_draft_model_take_turns(smollm2_model) -> None:
     """Both: where the context has a match, lookup's guesses, and the draft model is not run; elsewhere the
-    model's, its cache catching up on the context. A step where the model guessed nothing is a plain pass for
-    lookup's pacing, less the model's own time."""
+    model's, its cache catching up on the context. Lookup's pacing sets its passes against the model's steps,
+    per token they yielded."""
     model = ModelDrafter(smollm2_model, smollm2_model)
     both = CombinedDrafter(LookupDrafter(), model)
     assert both.name == f"lookup + {smollm2_model.name}"
@@ -462,10 +462,13 @@ def test_lookup_and_a_draft_model_take_turns(smollm2_model) -> None:
     guesses = both.draft(fresh, 4)
     assert guesses and guesses == ModelDrafter(smollm2_model, smollm2_model).draft(fresh, 4)
     assert model.session.tokens[: len(fresh)] == fresh
-    paced = CombinedDrafter(LookupDrafter(paced=True), ModelDrafter(smollm2_model, smollm2_model, p_min=1.01))
-    assert paced.draft(fresh, 4) == [] and paced.model.draft_ms > 0  # the model ran, and guessed nothing
-    paced.feedback(0, 0, 1000.0 + paced.model.draft_ms)
-    assert paced.lookup.pace.plain_ms == pytest.approx(1000.0)
+    paced = CombinedDrafter(LookupDrafter(paced=True), ModelDrafter(smollm2_model, smollm2_model))
+    assert paced.draft(fresh, 4)
+    paced.feedback(3, 3, 100.0)  # the model's step: 4 tokens in 100 ms
+    assert paced.lookup.pace.plain_ms == pytest.approx(25.0)
+    assert paced.lookup.draft(story, 8)  # a lookup pass of 3 guesses, 1 taken: 2 tokens in 60 ms
+    paced.lookup.feedback(3, 1, 60.0)
+    assert paced.lookup.pace.pause > 0  # 30 ms a token: worse than the model's 25, so lookup pauses
 
 
 def test_pace_counts_a_draft_pass_without_a_confident_guess() -> None:
