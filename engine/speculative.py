@@ -9,9 +9,9 @@ the speculative-sampling rule (Sampler.sample_draft) and the reply follows the t
   target's (it is truncated to the longest common prefix with the target's tokens before every draft).
 - `CombinedDrafter`: lookup's guesses where the context has a match, the draft model's elsewhere.
 
-Both adapt the draft length (3, 7, 15 guesses: it grows after a fully accepted draft and starts over after a
-rejection), and, as the app runs them, pause guessing while it does not pay (`Pace`): a verification pass over
-k tokens costs more than a one-token pass on a CPU, so wasted guesses must stay rare.
+Both adapt the draft length (3, 7, 15, ... guesses up to draft_max: it grows after a fully accepted draft and
+starts over after a rejection), and, as the app runs them, pause guessing while it does not pay (`Pace`): a
+verification pass over k tokens costs more than a one-token pass on a CPU, so wasted guesses must stay rare.
 """
 
 from __future__ import annotations
