@@ -393,8 +393,9 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
     return got if got is out else np.array(got, dtype=np.float32)
 
 
-def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, int] | tuple[np.ndarray, bool]:
-    """W as decode.layer takes it: (q, s, format tag) when packed, (bit patterns, bf16) for 16-bit floats."""
+def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[np.ndarray, bool]:
+    """W as decode.layer takes it: (q, s, format tag: formats.dispatch.tag) when packed, (bit patterns, bf16) for
+    16-bit floats."""
     if w.ggml_type in _HALF_TYPES:
         return w.data, w.ggml_type == bf16.TYPE
     p = w.prepare().packed
