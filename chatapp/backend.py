@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from engine.events import Message, TokenEvent, TurnStats
+from engine.events import Message, TokenEvent, ToolSpec, TurnStats
 from engine.sampling import SamplingSettings
 
 
@@ -26,8 +26,13 @@ class ChatBackend(Protocol):
     settings: SamplingSettings
     """Replaced (never mutated) by the UI; read by the worker before every sampled token."""
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
-        """Generate the assistant's reply to `messages` (system?, user, assistant, ..., user).
+    def stream_reply(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None
+    ) -> Iterator[TokenEvent | TurnStats]:
+        """Generate the assistant's reply to `messages` (system?, user, assistant, ..., user, or tool results).
+
+        With `tools`, the model may answer with calls: they come back parsed in `TurnStats.tool_calls`, and the
+        caller runs them and sends their results as "tool" messages in the next call.
 
         Yields one TokenEvent per token, then exactly one TurnStats. Reuses the KV cache for the longest
         common prefix with the previous call, so regenerate and edit cost only the changed tail.

@@ -5,7 +5,9 @@ These are plain frozen dataclasses so a worker thread can hand them to the UI th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 STOP_EOS = "eos"  # the model ended its turn (EOS / EOT / <|im_end|>-style token)
 STOP_LENGTH = "length"  # max_tokens reached
@@ -14,10 +16,28 @@ STOP_CANCELLED = "cancelled"  # the caller asked to stop
 STOP_CONTEXT = "context"  # the context is full and nothing more can be dropped
 
 
+ToolSpec = Mapping[str, Any]
+"""A tool offered to the model, in OpenAI's shape: {"type": "function", "function": {"name", "description",
+"parameters" (a JSON schema)}}. The model's own chat template receives the list as `tools`."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for (OpenAI's shape): the arguments are the JSON text the model wrote."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 @dataclass(frozen=True)
 class Message:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls, answered by the "tool" messages after it
+    tool_call_id: str = ""  # a "tool" message: the call it answers
+    name: str = ""  # a "tool" message: the tool that answered
+    reasoning: str = ""  # an assistant's thinking, kept apart from its content
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,8 @@ class TurnStats:
     draft_accepted: int = 0  # of those, accepted by the target
     target_passes: int = 0  # target forward passes while decoding (one per token without a drafter)
     restored_tokens: int = 0  # of reused_tokens, read from a saved KV cache instead of evaluated
+    tool_calls: tuple[ToolCall, ...] = ()  # calls parsed out of the reply (then `reply` is the text around them)
+    reasoning: str = ""  # the reply's thinking block, when the model's format keeps it apart
 
     @property
     def acceptance_rate(self) -> float:
