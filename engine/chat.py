@@ -33,6 +33,8 @@ from .sampling import Sampler, SamplingSettings
 from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
+from .tokenizer import Tokenizer
+from .untrusted_text import RenderedPrompt
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
@@ -68,6 +70,7 @@ class ChatSession:
             bos_token=tok.detokenize([tok.bos_id]) if tok.bos_id is not None else "",
             eos_token=tok.detokenize([tok.eos_id]) if tok.eos_id is not None else "",
             special_tokens=tok.special_texts,
+            control_tokens=tok.control_texts,
         )
         self.settings = settings or SamplingSettings()
         """Replaced (never mutated) from any thread; read before every sampled token."""
@@ -107,12 +110,9 @@ class ChatSession:
         return fresh
 
     def prompt_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """The conversation rendered through the model's template, tokenized with special tokens."""
-        tok = self.model.tokenizer
-        ids = tok.tokenize(self.template.render(messages, add_generation_prompt), special=True)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids.insert(0, tok.bos_id)
-        return ids
+        """The conversation rendered through the model's template: its markers are control tokens, the messages'
+        own text is text (see engine.untrusted_text)."""
+        return prompt_ids(self.model.tokenizer, self.template.render_prompt(messages, add_generation_prompt))
 
     def save_cache(self) -> Path | None:
         """Write the KV cache to `kv_store` (keyed to the model file, the template and the ids); its path."""
@@ -427,3 +427,12 @@ class ChatSession:
         self.session.truncate(keep)
         logits = self.session.eval(sequence[keep:])
         return new_prompt, logits
+
+
+def prompt_ids(tok: Tokenizer, prompt: RenderedPrompt) -> list[int]:
+    """A rendered chat prompt's token ids: special tokens on outside its plain spans, BOS first where the model
+    wants one and the template did not write it."""
+    ids = tok.tokenize(prompt.text, special=True, plain_spans=prompt.plain_spans)
+    if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids

@@ -24,7 +24,7 @@ import heapq
 import operator
 import re
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,19 +367,24 @@ class Tokenizer:
 
     # -- text -> ids ------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, special: bool = True, plain_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids for `text`, as llama.cpp's llama_tokenize(add_special=False, parse_special=special).
 
         Never adds BOS: the caller does that when `add_bos` says so. With special=False, control tokens such
-        as "<|im_start|>" are tokenized as plain text (do this for user-typed text).
+        as "<|im_start|>" are tokenized as plain text (do this for user-typed text). `plain_spans`, with
+        special=True: (start, end) character ranges of `text`, in order and apart, that are read as with
+        special=False, so a rendered prompt's own markers are control tokens and the messages inside it are text.
         """
         if not text:
             return []
         try:
             text.encode()
         except UnicodeEncodeError:  # lone surrogates (e.g. undecodable terminal input) are not text
-            text = _SURROGATES.sub("\ufffd", text)
-        pieces = self._split_special(text, self._specials if special else self._user_defined)
+            text = _SURROGATES.sub("\ufffd", text)  # one character for one: plain_spans keep their places
+        if special and plain_spans:
+            pieces = self._split_guarded(text, plain_spans)
+        else:
+            pieces = self._split_special(text, self._specials if special else self._user_defined)
         out: list[int] = []
         if self._spm:
             after_special = True  # SentencePiece adds a space at the start and after each special token
@@ -408,6 +413,26 @@ class Tokenizer:
         if self._barrier_id is not None:
             out = [i for i in out if i != self._barrier_id]
         return out
+
+    def _split_guarded(self, text: str, plain_spans: Sequence[tuple[int, int]]) -> list[str | int]:
+        """`_split_special` with every special token outside `plain_spans` and only the always-matched
+        (user-defined) ones inside; text pieces that meet at a span's edge are joined again, so the text is cut
+        exactly where an unguarded special token stands and the BPE sees the same chunks as without guards."""
+        pieces: list[str | int] = []
+        at = 0
+        for start, end in [*plain_spans, (len(text), len(text))]:
+            if not at <= start <= end <= len(text):
+                raise ValueError(f"plain span {start}..{end} is out of order or outside the text")
+            for part, specials in ((text[at:start], self._specials), (text[start:end], self._user_defined)):
+                if not part:
+                    continue
+                for piece in self._split_special(part, specials):
+                    if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+                        pieces[-1] += piece
+                    else:
+                        pieces.append(piece)
+            at = end
+        return pieces
 
     def _split_special(self, text: str, specials: list[tuple[int, str, bool]]) -> list[str | int]:
         """Cut special-token texts out of `text` as llama.cpp's tokenizer_st_partition does: for each special
@@ -556,6 +581,12 @@ class Tokenizer:
     def special_texts(self) -> frozenset[str]:
         """The texts that tokenize(special=True) turns into one special token (control, user-defined, unknown)."""
         return frozenset(text for _, text, _ in self._specials)
+
+    @property
+    def control_texts(self) -> frozenset[str]:
+        """The texts that are one token with special=True but plain text with special=False: what untrusted
+        text must never be allowed to become."""
+        return self.special_texts - frozenset(text for _, text, _ in self._user_defined)
 
     def is_control(self, token_id: int) -> bool:
         """Whether the token is a control token (<|im_start|>, </s>, ...), not text the model writes."""

@@ -7,6 +7,7 @@ import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from engine.chat import prompt_ids
 from engine.events import Message
 
 from .schema import ApiError, check_token_ids
@@ -28,11 +29,11 @@ class Prompter:
         # client's odd messages must not change every later prompt, so each render gets a copy, and a template
         # that refuses the messages is the client's error.
         template = copy.copy(self.template)
-        text = template.render(messages, add_generation_prompt=True)
+        prompt = template.render_prompt(messages, add_generation_prompt=True)
         if template.uses_fallback and not self.template.uses_fallback:
             message = f"messages: the model's chat template refused them: {template.warning}"
             raise ApiError(400, message, param="messages")
-        return self._with_bos(self.model.tokenize(text, special=True))
+        return prompt_ids(self.model.tokenizer, prompt)  # the messages' text is text, never control tokens
 
     def text(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
