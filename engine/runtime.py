@@ -176,7 +176,7 @@ def configure_threads(threads: int | None) -> int:
 
     threadpool_limits(1, user_api="blas")
 
-    available = numba.config.NUMBA_NUM_THREADS
+    available = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # set from the environment at import
     if threads is None or threads == 0:
         n = available
     elif threads < 0:
