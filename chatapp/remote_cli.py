@@ -69,16 +69,18 @@ def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     backend = open_remote(args, settings, _say)
     stats = None
     if args.chat:
-        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
+        # arg-type ignored until RemoteBackend.stream_reply takes ChatBackend's `tools` (in progress)
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt)  # type: ignore[arg-type]
     else:
         print(args.prompt, end="", flush=True)
-        with _ctrl_c_cancels(backend.cancel) as interrupted:
+        with _ctrl_c_cancels(backend.cancel) as pressed:
             for event in backend.stream_completion(args.prompt):
                 if isinstance(event, TurnStats):
                     stats = event
                 else:
                     print(event.text, end="", flush=True)
         print(flush=True)
+        interrupted = bool(pressed)
     for warning in backend.warnings():
         _say(f"warning: {warning}")
     print_remote_summary(backend, stats, sys.stderr)

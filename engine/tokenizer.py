@@ -464,13 +464,13 @@ class Tokenizer:
         """llama.cpp's llm_tokenizer_spm_session: start from single characters and keep merging the adjacent
         pair whose merged text is the highest-scoring token (leftmost on ties); what is left that is not a
         token goes out as byte tokens <0xNN>. `known`: texts looked up already (id or None), added to."""
-        scores = self._scores
-        assert scores is not None and self._vocab is not None
+        scores, vocab = self._scores, self._vocab
+        assert scores is not None and vocab is not None
 
         def id_of(piece: str) -> int | None:
             if piece in known:
                 return known[piece]
-            token_id = known[piece] = self._vocab.get(piece)
+            token_id = known[piece] = vocab.get(piece)
             return token_id
 
         symbols = list(text)  # "" once merged into its left neighbour
@@ -514,11 +514,13 @@ class Tokenizer:
     def _byte_token(self, byte: int) -> int:
         """SentencePiece byte fallback: the <0xNN> token, else the byte itself as a token (llama.cpp)."""
         if self._byte_ids is None:
+            vocab = self._vocab
+            assert vocab is not None  # SentencePiece vocabularies are packed
             table = {}
             for b in range(256):
-                token_id = self._vocab.get(f"<0x{b:02X}>")
+                token_id = vocab.get(f"<0x{b:02X}>")
                 if token_id is None and b < 0x80:
-                    token_id = self._vocab.get(chr(b))
+                    token_id = vocab.get(chr(b))
                 if token_id is not None:
                     table[b] = token_id
             self._byte_ids = table
@@ -568,12 +570,16 @@ class Tokenizer:
         """Token `token_id`'s vocabulary text (an id already checked)."""
         if self._vocab is not None:
             return self._vocab.text(token_id)
-        return self._hf.id_to_token(token_id)
+        assert self._hf is not None  # one of the two is always set
+        text = self._hf.id_to_token(token_id)
+        assert text is not None  # the id was checked against the vocabulary
+        return text
 
     def _lookup(self, text: str) -> int | None:
         """The id of the vocabulary text `text`, if it is one."""
         if self._vocab is not None:
             return self._vocab.get(text)
+        assert self._hf is not None  # one of the two is always set
         token_id = self._hf.token_to_id(text)
         return token_id if token_id is not None and token_id < self.n_vocab else None  # not the barrier
 

@@ -67,7 +67,7 @@ def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | Non
     return {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-os.environ.update(wait_policy(os.environ, _busy_cores))  # before libgomp loads, at the first parallel launch
+# Chosen and set by engine.runtime.configure_threads (load_model), before its first parallel launch loads libgomp.
 
 from numba import get_num_threads  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The OpenMP wait policy is chosen from how busy the other cores are when the kernels load."""
+"""The OpenMP wait policy is chosen from how busy the other cores are when load_model starts the kernels' threads."""
 
 from __future__ import annotations
 
@@ -67,18 +67,35 @@ def test_the_policy_follows_the_other_cores_and_defers_to_the_user(environ, busy
 
 CHILD = """
 import os, sys
+import numba
 import engine.kernels
-maps = open("/proc/self/maps").read()
-print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"), "libgomp" in maps)
+from engine import load_model
+
+def state():
+    gomp = "libgomp" in open("/proc/self/maps").read()
+    return [os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"), gomp]
+
+after_import = state()
+launch, at_launch = numba.set_num_threads, []
+def watched(n):  # the first parallel launch: libgomp loads here and reads the variables
+    at_launch.append(state())
+    return launch(n)
+numba.set_num_threads = watched
+load_model(sys.argv[1], n_ctx=64, compile_kernels=False)
+print(*after_import, *at_launch[0])
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-def test_the_policy_is_in_the_environment_before_openmp_loads() -> None:
-    """libgomp reads the variables once, when it loads: importing the kernels sets them and loads no OpenMP."""
+def test_load_model_sets_the_policy_before_openmp_loads_and_importing_sets_nothing(smollm2_path) -> None:
+    """libgomp reads the variables once, when it loads: importing the kernels neither chooses nor sets them (no
+    /proc/stat sampling at import); load_model sets them before its first parallel launch."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(smollm2_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    policy, spin, gomp_loaded = done.stdout.split()
-    assert (policy, spin) in (("PASSIVE", "None"), ("None", kernels._SPIN_COUNT)), done.stdout
-    assert gomp_loaded == "False", "OpenMP was loaded before the wait policy was chosen"
+    policy, spin, gomp_loaded, policy_at_launch, spin_at_launch, gomp_at_launch = done.stdout.split()
+    assert (policy, spin, gomp_loaded) == ("None", "None", "False"), "importing the kernels set the wait policy"
+    assert (policy_at_launch, spin_at_launch) in (("PASSIVE", "None"), ("None", kernels._SPIN_COUNT)), done.stdout
+    assert gomp_at_launch == "False", "OpenMP was loaded before the wait policy was chosen"
