@@ -8,6 +8,7 @@ figures are medians over the repetitions:
 - ms/token: decode time over generated tokens (TurnStats.decode_ms / generated_tokens), forward passes included;
 - sample ms: the sampler side per token (TokenEvent.sample_ms), which is where the grammar's mask is computed
   and applied: the constraint's whole cost, measured without the forward pass's noise.
+- paired: the median over repetitions of (schema run / the plain run just before it), ms per token.
 The load average is printed beside the figures: on a shared machine they are only as good as that load.
 """
 
@@ -94,6 +95,9 @@ def main() -> int:
         }
     plain, schema = out["plain"], out["schema"]
     out["slowdown_pct"] = 100 * (schema["ms_per_token"] / plain["ms_per_token"] - 1)
+    # Each schema run against the plain run just before it: the pair shared the machine's load of the moment.
+    pairs = [b[0] / a[0] for a, b in zip(results["plain"], results["schema"], strict=True)]
+    out["paired_slowdown_pct"] = 100 * (statistics.median(pairs) - 1)
     out["sampler_overhead_pct"] = 100 * (schema["sample_ms"] - plain["sample_ms"]) / plain["ms_per_token"]
     print(f"load average {load[0]:.2f} -> {load[1]:.2f}")
     for name in ("plain", "schema"):
@@ -102,6 +106,7 @@ def main() -> int:
             f"{name:>7}: {r['ms_per_token']:7.2f} ms/token, forward {r['forward_ms']:7.2f} ms, "
             f"sample {r['sample_ms']:.3f} ms, {r['tokens']:.0f} tokens"
         )
+    print(f"median of paired ratios: {out['paired_slowdown_pct']:+.1f} %")
     print(f"schema vs plain: {out['slowdown_pct']:+.1f} % per token; the mask's own cost "
           f"{out['sampler_overhead_pct']:+.2f} % of a plain token")  # fmt: skip
     if args.json:
