@@ -231,3 +231,16 @@ def test_guesses_the_grammar_refuses_are_never_verified(qwen_model, person) -> N
     chat = ChatSession(qwen_model, SamplingSettings(temperature=0.0, max_tokens=12), drafter=_Refused(im_start))
     events, stats = run(chat, person)
     assert stats.draft_tokens == 0 and stats.generated_tokens == 12  # cut before the pass, and the reply goes on
+
+
+def test_the_constraint_holds_through_live_sampling_changes(qwen_model, person) -> None:
+    chat = ChatSession(qwen_model, SamplingSettings(temperature=0.0, max_tokens=160))
+    hot = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=160)
+    stats = None
+    for i, event in enumerate(chat.stream_reply(ASK, constraint=person)):
+        if i == 4:
+            chat.settings = hot  # as the sampling panel does mid-reply
+        if isinstance(event, TurnStats):
+            stats = event
+    assert stats is not None and stats.stop_reason == STOP_EOS
+    jsonschema.validate(json.loads(stats.reply), PERSON)
