@@ -25,6 +25,7 @@ from .events import (
     Alternative,
     Message,
     TokenEvent,
+    ToolSpec,
     TurnStats,
 )
 from .kv_store import KVStore, template_sha256
@@ -33,6 +34,9 @@ from .sampling import Sampler, SamplingSettings
 from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
+from .tool_calls import parse_reply
+from .tool_calls import prompt as tool_prompt
+from .tool_calls.reasoning import split_reasoning
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
@@ -76,6 +80,7 @@ class ChatSession:
         self._dropped = 0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
         self._dropped_now = False
         self._warned: set[str] = set()
+        self._tools: tuple[ToolSpec, ...] = ()  # the current turn's tools (the prompt is refitted with them)
         self.stop_ids = set(tok.eot_ids)
         for text in self.template.end_of_turn_strings():
             ids = tok.tokenize(text, special=True)
@@ -106,10 +111,16 @@ class ChatSession:
         self._warned.update(fresh)
         return fresh
 
-    def prompt_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> list[int]:
         """The conversation rendered through the model's template, tokenized with special tokens."""
         tok = self.model.tokenizer
-        ids = tok.tokenize(self.template.render(messages, add_generation_prompt), special=True)
+        text = tool_prompt.render(self.template, messages, tools, None, add_generation_prompt)
+        ids = tok.tokenize(text, special=True)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids.insert(0, tok.bos_id)
         return ids
@@ -135,17 +146,29 @@ class ChatSession:
         """What the app calls the model: `display_name` when the caller set one, else the file's own name."""
         return self.display_name or self.model.name
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
-        """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats."""
+    def stream_reply(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None
+    ) -> Iterator[TokenEvent | TurnStats]:
+        """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats.
+
+        With `tools` the template is given them, and the finished reply is read for calls in the model's own
+        format: TurnStats.tool_calls holds them, `reasoning` any thinking block, and `reply` the text around them.
+        """
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
         reserve = self._reply_reserve(valid)
+        self._tools = tuple(tools or ())
         prompt, _ = self._fit(list(messages), reserve)
         if prompt is None:
             self._cancel.clear()
             yield self._stats(0, 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
             return
-        yield from self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes)
+        for event in self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes):
+            if isinstance(event, TurnStats) and self._tools:
+                reasoning, answer = split_reasoning(event.reply)
+                parsed = parse_reply(answer, tool_prompt.call_format(self.template))
+                event = replace(event, reply=parsed.content, tool_calls=parsed.calls, reasoning=reasoning)
+            yield event
 
     def stream_completion(self, prompt: Sequence[int]) -> Iterator[TokenEvent | TurnStats]:
         """Continue raw token ids (no template); stops with 'context' when the cache is full."""
@@ -394,7 +417,7 @@ class ChatSession:
         budget = self.n_ctx - reserve
         while True:
             kept = system + rest[drop:]
-            prompt = self.prompt_tokens(kept)
+            prompt = self.prompt_tokens(kept, tools=self._tools)
             if len(prompt) <= budget:
                 if drop != self._dropped:
                     self._dropped_now = drop > self._dropped

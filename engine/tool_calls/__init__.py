@@ -26,6 +26,7 @@ class CallFormat:
     at_start: tuple[str, ...]  # text that opens a call only when it opens the reply
     native: bool  # the template renders `tools` itself; else the tools go into the system prompt
     opener: str  # what a forced call begins with, before `"name": "`
+    fenced: bool = False  # a ```json fence holding a call object also opens a call (Qwen2.5-Coder writes them)
 
     def forced_prefix(self, name: str | None) -> str:
         """The start of the reply when a call is required (`name`: that tool), written into the prompt."""
@@ -37,7 +38,7 @@ class CallFormat:
 
 
 FORMATS: dict[str, CallFormat] = {
-    "hermes": CallFormat("hermes", hermes.find_calls, (hermes.OPEN,), (), True, hermes.OPEN + "\n"),
+    "hermes": CallFormat("hermes", hermes.find_calls, (hermes.OPEN,), (), True, hermes.OPEN + "\n", True),
     "llama3": CallFormat("llama3", llama3.find_calls, (llama3.PYTHON_TAG,), ("{",), True, ""),
     "mistral": CallFormat("mistral", mistral.find_calls, (mistral.MARKER,), (), True, mistral.MARKER + "["),
     "generic": CallFormat("generic", generic.find_calls, (), ("{",), False, '{"tool_calls": ['),

@@ -4,10 +4,13 @@ reconciled with that parse, so what a client assembles is what a non-streamed an
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from . import CallFormat, Parsed, parse_reply
+from . import CallFormat, Parsed, hermes, parse_reply
 from .scan import _ARGS, _NAME, new_id, value_end
+
+_MAYBE_FENCE = re.compile(r'(?:j(?:s(?:on?)?)?)?\s*(?:\{\s*(?:"(?:n(?:a(?:me?)?)?)?)?)?\Z')
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class CallStream:
 
     def _trigger(self) -> int | None:
         found = [i for t in self.fmt.triggers if (i := self.text.find(t)) >= 0]
+        if self.fmt.fenced and (m := hermes.FENCE.search(self.text)):
+            found.append(m.start())
         head = len(self.text) - len(self.text.lstrip())
         if any(self.text.startswith(t, head) for t in self.fmt.at_start):
             found.append(head)
@@ -108,4 +113,6 @@ class CallStream:
                 if self.text.endswith(t[:n]):
                     longest = n
                     break
+        if self.fmt.fenced and (i := self.text.rfind("```")) >= 0 and _MAYBE_FENCE.match(self.text, i + 3):
+            longest = max(longest, len(self.text) - i)  # maybe a fenced call, still arriving
         return longest
