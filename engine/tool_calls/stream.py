@@ -113,6 +113,8 @@ class CallStream:
                 if self.text.endswith(t[:n]):
                     longest = n
                     break
+        if self.fmt.fenced and self.text.endswith("`"):
+            longest = max(longest, min(2, len(self.text) - len(self.text.rstrip("`"))))
         if self.fmt.fenced and (i := self.text.rfind("```")) >= 0 and _MAYBE_FENCE.match(self.text, i + 3):
             longest = max(longest, len(self.text) - i)  # maybe a fenced call, still arriving
         return longest
