@@ -184,6 +184,8 @@ async def chat_completions(request: Request) -> Response | EventStream:
             message["content"] = parsed.content or None
             message["tool_calls"] = [tool_shapes.call_json(c) for c in calls]
             finish = "tool_calls" if finish == "stop" else finish
+        elif prefix:  # a forced call that did not parse: the client sees all the model wrote
+            message["content"] = prefix + answer
     choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return JSONResponse(_final(head, "chat.completion", choice, stats))
 

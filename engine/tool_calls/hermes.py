@@ -29,23 +29,36 @@ def _fenced(text: str) -> list[CallSpan]:
 
 
 def find_calls(text: str) -> list[CallSpan]:
-    """Each well-formed tagged call, with its span widened to the tags; a malformed one and all after it stay text."""
+    """Each well-formed tagged call, with its span widened to the tags; a malformed one and all after it stay text.
+
+    One tag may hold several objects one after another (Qwen2.5-Coder writes its second call that way), and a
+    missing closing tag is forgiven when the next thing is another call or the end.
+    """
     found: list[CallSpan] = []
     at = 0
     while (i := text.find(OPEN, at)) >= 0:
-        j = i + len(OPEN)
-        while j < len(text) and text[j].isspace():
-            j += 1
-        span = read_call(text, j)
-        if span is None:
+        j, spans = i + len(OPEN), []
+        while True:
+            j = _skip_space(text, j)
+            span = read_call(text, j)
+            if span is None:
+                break
+            spans.append(span)
+            j = span.end
+        if not spans:
             break
-        k = span.end
-        while k < len(text) and text[k].isspace():
-            k += 1
-        if text.startswith(CLOSE, k):
-            k += len(CLOSE)
-        elif k < len(text):  # something else follows the object inside the tag: not a call
+        if text.startswith(CLOSE, j):
+            j += len(CLOSE)
+        elif j < len(text) and not text.startswith(OPEN, j):  # something else follows inside the tag
             break
-        found.append(CallSpan(span.name, span.arguments, i, k))
-        at = k
+        starts = [i] + [s.end for s in spans[:-1]]
+        ends = [s.end for s in spans[:-1]] + [j]
+        found.extend(CallSpan(s.name, s.arguments, a, b) for s, a, b in zip(spans, starts, ends, strict=True))
+        at = j
     return found or _fenced(text)
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
