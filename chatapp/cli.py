@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import signal
 import sys
 import threading
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
     from gguf import GGMLQuantizationType
 
+    from engine.constraint import GrammarSpec
     from engine.events import TurnStats
 
     from .backend import ChatBackend
@@ -87,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     _n_predict(run, "tokens to generate")
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
+    shape = run.add_mutually_exclusive_group()
+    shape.add_argument("-j", "--json-schema", metavar="FILE|JSON", help="the reply must match this JSON schema")
+    shape.add_argument(
+        "--grammar", "--grammar-file", dest="grammar", metavar="FILE", help="reply in this GBNF/Lark grammar"
+    )
     _sampling_args(run)
     add_remote_args(run)
 
@@ -201,6 +208,48 @@ def _load(
     return model
 
 
+def reply_constraint(args: argparse.Namespace) -> GrammarSpec | None:
+    """`--json-schema FILE|JSON` or `--grammar FILE` as a GrammarSpec; CliError naming the flag."""
+    from engine.constraint import GrammarSpec
+
+    if getattr(args, "json_schema", None):
+        text = args.json_schema
+        if not text.lstrip().startswith(("{", "[")):
+            text = _read_flag_file("--json-schema", text)
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CliError(f"--json-schema: not valid JSON: {e}") from None
+        return GrammarSpec("json_schema", text)
+    if getattr(args, "grammar", None):
+        return GrammarSpec("gbnf", _read_flag_file("--grammar", args.grammar))  # GBNF, or Lark as it is
+    return None
+
+
+def _read_flag_file(flag: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+class _Constrained:
+    """A backend whose every reply is held to one constraint (what `run --chat --json-schema` talks to)."""
+
+    def __init__(self, backend: ChatBackend, constraint: GrammarSpec) -> None:
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_constraint", constraint)
+
+    def stream_reply(self, messages, tools=None):  # noqa: ANN001, ANN201 - ChatBackend's
+        return self._backend.stream_reply(messages, tools, constraint=self._constraint)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._backend, name, value)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.chat import ChatSession
     from engine.events import TurnStats
@@ -216,9 +265,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)
 
+    constraint = reply_constraint(args)
     model = _load(args, settings, say)
     for warning in model.warnings:
         say(f"warning: {warning}")
+    if constraint is not None:
+        from engine.constraint import compile_grammar
+        from engine.errors import GrammarError
+
+        try:
+            compile_grammar(model.tokenizer, constraint)
+        except GrammarError as e:
+            raise CliError(f"{'--json-schema' if args.json_schema else '--grammar'}: {e}") from None
     from .drafting import make_drafter
 
     drafter = make_drafter(settings, model, partial(_load, args, say=say), say)
@@ -229,7 +287,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for w in chat.warnings():
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
-        stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        backend = chat if constraint is None else _Constrained(chat, constraint)
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
         print_run_summary(model, stats, sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 0
     tok = model.tokenizer
@@ -241,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(args.prompt, end="", flush=True)
     stats = None
     with _ctrl_c_cancels(chat.cancel) as interrupted:
-        for event in chat.stream_completion(ids):
+        for event in chat.stream_completion(ids, constraint=constraint):
             if isinstance(event, TurnStats):
                 stats = event
             else:

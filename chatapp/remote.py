@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from engine.constraint import GrammarSpec
 from engine.errors import EngineError
 from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Alternative, Message, TokenEvent, TurnStats
 from engine.sampling import SamplingSettings
@@ -76,6 +77,29 @@ class RemoteInfo:
     server: str  # "llama.cpp", "vLLM", ... or "an OpenAI-compatible server"
     honoured: frozenset[str]  # settings the server is known to honour
     ignored: frozenset[str]  # settings it is known to ignore; any other is sent and may or may not be honoured
+
+
+def constraint_fields(spec: GrammarSpec | None, chat: bool) -> dict[str, Any]:
+    """The body fields that ask a server for a reply matching `spec`.
+
+    A chat sends OpenAI's `response_format` (vLLM, SGLang, llama-server, chatapp serve); a completion sends
+    llama-server's `json_schema` (OpenAI's /completions has no response_format). A GBNF or Lark grammar goes as
+    llama-server's `grammar`. A regex has no field a server shares: RemoteError."""
+    if spec is None:
+        return {}
+    if spec.trigger is not None:
+        raise RemoteError("a lazy grammar cannot be sent to a server")
+    if spec.kind == "json_object":
+        return {"response_format": {"type": "json_object"}} if chat else {"json_schema": {"type": "object"}}
+    if spec.kind == "json_schema":
+        schema = json.loads(spec.source)
+        if chat:
+            return {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema,
+                                                                                "strict": True}}}  # fmt: skip
+        return {"json_schema": schema}
+    if spec.kind in ("gbnf", "lark"):
+        return {"grammar": spec.source}
+    raise RemoteError(f"a {spec.kind} constraint has no request field that servers share; use a JSON schema")
 
 
 def request_fields(settings: SamplingSettings, kind: ServerKind) -> dict[str, Any]:
@@ -361,16 +385,23 @@ class RemoteBackend:
         if stream is not None:
             _shut_down(stream)
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
+    def stream_reply(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[object] | None = None,
+        *,
+        constraint: GrammarSpec | None = None,
+    ) -> Iterator[TokenEvent | TurnStats]:
         body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
-        return self._generate("/chat/completions", body, chat=True)
+        return self._generate("/chat/completions", {**body, **constraint_fields(constraint, chat=True)}, chat=True)
 
     def stream_completion(
-        self, prompt: str, extra: Mapping[str, Any] | None = None
+        self, prompt: str, extra: Mapping[str, Any] | None = None, *, constraint: GrammarSpec | None = None
     ) -> Iterator[TokenEvent | TurnStats]:
         """A raw continuation of `prompt` (`/completions`): `chatapp run` without --chat. `extra`: more body
         fields (`chatapp bench` sends llama-server's ignore_eos)."""
-        return self._generate("/completions", {"prompt": prompt, **(extra or {})}, chat=False)
+        body = {"prompt": prompt, **constraint_fields(constraint, chat=False), **(extra or {})}
+        return self._generate("/completions", body, chat=False)
 
     def _body(self, body: dict[str, Any], chat: bool, logprobs: bool) -> dict[str, Any]:
         out = {"model": self.model_id, **body, **request_fields(self.settings, self.kind), **self.extra}

@@ -562,6 +562,12 @@ class Tokenizer:
         self._check_id(token_id)
         return self._types[token_id] == TOKEN_CONTROL
 
+    def all_token_bytes(self) -> list[bytes]:
+        """Every token's bytes, in id order, as `detokenize` renders each alone (control tokens as their text).
+
+        Built on each call and not cached (a constrained-decoding vocabulary is built once per model)."""
+        return [self._make_piece(i) for i in range(self.n_vocab)]
+
     def _check_id(self, token_id: int) -> None:
         if not 0 <= token_id < self.n_vocab:
             raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.n_vocab - 1})")

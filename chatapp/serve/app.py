@@ -25,6 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engine.constraint import compile_grammar
+from engine.errors import GrammarError
 from engine.events import TurnStats
 from engine.sampling import SamplingSettings
 from engine.tool_calls import CallFormat, parse_reply
@@ -35,7 +37,7 @@ from . import formats
 from . import tools as tool_shapes
 from .prompts import Prompter
 from .scheduler import Job, Scheduler
-from .schema import ApiError, Generation, parse_chat, parse_completion
+from .schema import ApiError, Generation, check_logit_bias, parse_chat, parse_completion
 from .streaming import EventStream, collect, sse
 
 MAX_BODY_BYTES = 4 << 20  # far more than any prompt that fits a context; a bigger body is refused (413)
@@ -123,6 +125,19 @@ def _reply_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+async def _check_generation(service: Service, gen: Generation) -> None:
+    """400 for a bad grammar or logit_bias, before the request queues (compiling also warms the cache)."""
+    model = service.scheduler.model
+    if model is None:
+        return
+    check_logit_bias(gen, model.tokenizer.n_vocab)
+    if gen.constraint is not None:
+        try:
+            await run_in_threadpool(compile_grammar, model.tokenizer, gen.constraint)
+        except GrammarError as e:
+            raise ApiError(400, f"{gen.constraint_param}: {e}", param=gen.constraint_param) from None
+
+
 def _submit(service: Service, prompt: list[int], gen: Generation, request_id: str, param: str) -> Job:
     service.check_fits(prompt, param)
     job = Job(prompt, gen, request_id)
@@ -158,6 +173,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
     prompter = service.prompter()
     req = parse_chat(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
+    await _check_generation(service, req.gen)
     tr = req.tools
     fmt = prompter.call_format
     prefix = tr.prefix(fmt)
@@ -266,6 +282,7 @@ async def completions(request: Request) -> Response | EventStream:
     prompter = service.prompter()
     req = parse_completion(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
+    await _check_generation(service, req.gen)
     prompt = await run_in_threadpool(prompter.text, req.prompt)
     head = {"id": _reply_id("cmpl"), "created": int(time.time()), "model": service.model_id}
     job = _submit(service, prompt, req.gen, head["id"], "prompt")
