@@ -6,6 +6,7 @@ unexpected 500 without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import math
@@ -173,18 +174,24 @@ async def chat_completions(request: Request) -> Response | EventStream:
     prompter = service.prompter()
     req = parse_chat(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
-    await _check_generation(service, req.gen)
     tr = req.tools
     fmt = prompter.call_format
-    prefix = tr.prefix(fmt)
+    prefix = ""  # the reply's forced start, written into the prompt (none: the calls' grammar forces it)
+    gen = req.gen
+    if tr.active:
+        if gen.constraint is not None:
+            param = gen.constraint_param
+            raise ApiError(400, f"{param}: cannot be combined with tools", param=param)
+        gen = dataclasses.replace(gen, constraint=tr.constraint(fmt), constraint_param="tools")
+    await _check_generation(service, gen)
     tools = tr.tools if tr.active else None
     # templating and tokenizing: off the loop
     prompt = await run_in_threadpool(prompter.chat, req.messages, tools, tr.template_kwargs, prefix)
     thinking = await run_in_threadpool(prompter.opens_thinking, tr.template_kwargs)
     head = {"id": _reply_id("chatcmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, req.gen, head["id"], "messages")
-    if req.gen.stream:
-        return EventStream(job, _chat_chunks(job, req.gen, head, ReplyShape(tr, fmt, prefix, thinking)))
+    job = _submit(service, prompt, gen, head["id"], "messages")
+    if gen.stream:
+        return EventStream(job, _chat_chunks(job, gen, head, ReplyShape(tr, fmt, prefix, thinking)))
     tokens, stats = await collect(job, request.receive)
     n_top = req.gen.n_logprobs
     logprobs = {"content": [formats.chat_logprob(t, n_top) for t in tokens]} if n_top is not None else None

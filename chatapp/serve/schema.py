@@ -180,11 +180,8 @@ def _generation(body: Mapping[str, Any], defaults: SamplingSettings, n_logprobs:
 # Fields that change what the reply must be, which this server does not implement: a 400 naming the field, never
 # a 200 that ignores it. A field given with its "no effect" value passes (some clients always send it).
 _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": (([],), "tool calls are not supported"),
-    "tool_choice": (("none", "auto"), "tool calls are not supported"),
     "functions": (([],), "function calls are not supported"),
     "function_call": (("none", "auto"), "function calls are not supported"),
-    "parallel_tool_calls": ((True, False), ""),  # without tools it changes nothing
     "audio": ((), "audio output is not supported"),
     "modalities": ((["text"],), "only the text modality is supported"),
     "grammar_lazy": ((False,), "lazy grammars are not supported in requests"),

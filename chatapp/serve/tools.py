@@ -15,8 +15,10 @@ from typing import Any
 
 import jsonschema
 
+from engine.constraint import GrammarSpec
 from engine.events import ToolCall, ToolSpec
 from engine.tool_calls import CallFormat
+from engine.tool_calls.grammar import tool_grammar
 from engine.tool_calls.stream import Delta
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule for function names
@@ -42,11 +44,12 @@ class ToolRequest:
         """Whether the reply is read for calls (tools offered and not switched off)."""
         return bool(self.tools) and self.choice != "none"
 
-    def prefix(self, fmt: CallFormat) -> str:
-        """The reply's forced opening for `required` or a named tool (written at the end of the prompt)."""
-        if not self.active or self.choice == "auto":
-            return ""
-        return fmt.forced_prefix(self.name if self.choice == "function" else None)
+    def constraint(self, fmt: CallFormat) -> GrammarSpec | None:
+        """The calls' grammar: lazy at the format's trigger with `auto`, from the first token otherwise."""
+        if not self.active:
+            return None
+        only = self.name if self.choice == "function" else None
+        return tool_grammar(fmt.name, self.tools, only, lazy=self.choice == "auto", parallel=self.parallel)
 
 
 def _tool(value: Any, i: int) -> ToolSpec:

@@ -25,23 +25,14 @@ class CallFormat:
     triggers: tuple[str, ...]  # text that opens a call, anywhere in the reply
     at_start: tuple[str, ...]  # text that opens a call only when it opens the reply
     native: bool  # the template renders `tools` itself; else the tools go into the system prompt
-    opener: str  # what a forced call begins with, before `"name": "`
     fenced: bool = False  # a ```json fence holding a call object also opens a call (Qwen2.5-Coder writes them)
-
-    def forced_prefix(self, name: str | None) -> str:
-        """The start of the reply when a call is required (`name`: that tool), written into the prompt."""
-        head = f'{self.opener}{{"name": "'
-        if name is None:
-            return head
-        args = "parameters" if self.name == "llama3" else "arguments"
-        return f'{head}{name}", "{args}": '
 
 
 FORMATS: dict[str, CallFormat] = {
-    "hermes": CallFormat("hermes", hermes.find_calls, (hermes.OPEN,), (), True, hermes.OPEN + "\n", True),
-    "llama3": CallFormat("llama3", llama3.find_calls, (llama3.PYTHON_TAG,), ("{",), True, ""),
-    "mistral": CallFormat("mistral", mistral.find_calls, (mistral.MARKER,), (), True, mistral.MARKER + "["),
-    "generic": CallFormat("generic", generic.find_calls, (), ("{",), False, '{"tool_calls": ['),
+    "hermes": CallFormat("hermes", hermes.find_calls, (hermes.OPEN,), (), True, fenced=True),
+    "llama3": CallFormat("llama3", llama3.find_calls, (llama3.PYTHON_TAG,), ("{",), True),
+    "mistral": CallFormat("mistral", mistral.find_calls, (mistral.MARKER,), (), True),
+    "generic": CallFormat("generic", generic.find_calls, (), ("{",), False),
 }
 
 # (text in the template source, format): the first match wins.
