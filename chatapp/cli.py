@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument(
         "--grammar", "--grammar-file", dest="grammar", metavar="FILE", help="reply in this GBNF/Lark grammar"
     )
+    run.add_argument(
+        "--tools", metavar="FILE|JSON", help="with --chat: tools the model may call; calls print as JSON"
+    )
     _sampling_args(run)
     add_remote_args(run)
 
@@ -234,14 +237,48 @@ def _read_flag_file(flag: str, path: str) -> str:
         raise CliError(f"{flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-class _Constrained:
-    """A backend whose every reply is held to one constraint (what `run --chat --json-schema` talks to)."""
+def run_tools(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """`--tools FILE|JSON`: OpenAI's tools array, each a function with a name; CliError naming the flag."""
+    text = getattr(args, "tools", None)
+    if not text:
+        return None
+    if not args.chat:
+        raise CliError("--tools: needs --chat")
+    if not text.lstrip().startswith("["):
+        text = _read_flag_file("--tools", text)
+    try:
+        tools = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--tools: not valid JSON: {e}") from None
+    ok = isinstance(tools, list) and all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+        for t in tools
+    )
+    if not ok:
+        raise CliError('--tools: expected an array of {"type": "function", "function": {"name": ...}}')
+    return tools
 
-    def __init__(self, backend: ChatBackend, constraint: GrammarSpec) -> None:
+
+def print_calls(stats: Any) -> None:
+    """A reply's tool calls on stdout, one JSON object a line."""
+    for call in getattr(stats, "tool_calls", ()) or ():
+        print(json.dumps({"id": call.id, "name": call.name, "arguments": call.arguments}, ensure_ascii=False))
+
+
+class _Constrained:
+    """A backend whose every reply is held to one constraint and offered the same tools (`run --chat`)."""
+
+    def __init__(
+        self, backend: ChatBackend, constraint: GrammarSpec | None, tools: list[dict[str, Any]] | None = None
+    ) -> None:
         object.__setattr__(self, "_backend", backend)
         object.__setattr__(self, "_constraint", constraint)
+        object.__setattr__(self, "_tools", tools)
 
     def stream_reply(self, messages, tools=None):  # noqa: ANN001, ANN201 - ChatBackend's
+        tools = tools or self._tools
+        if self._constraint is None:
+            return self._backend.stream_reply(messages, tools)
         return self._backend.stream_reply(messages, tools, constraint=self._constraint)
 
     def __getattr__(self, name: str) -> Any:
@@ -267,6 +304,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)
 
     constraint = reply_constraint(args)
+    tools = run_tools(args)
     model = _load(args, settings, say)
     for warning in model.warnings:
         say(f"warning: {warning}")
@@ -288,8 +326,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for w in chat.warnings():
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
-        backend = chat if constraint is None else _Constrained(chat, constraint)
+        backend = chat if constraint is None and tools is None else _Constrained(chat, constraint, tools)
         stats, interrupted = run_chat_reply(backend, settings, args.prompt)
+        print_calls(stats)
         print_run_summary(model, stats, sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 0
     tok = model.tokenizer

@@ -60,18 +60,29 @@ def _say(msg: str) -> None:
 
 def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     """`chatapp run` on the server: the reply on stdout, the timing summary on stderr."""
-    from .cli import EXIT_INTERRUPTED, CliError, _Constrained, _ctrl_c_cancels, reply_constraint, run_chat_reply
+    from .cli import (
+        EXIT_INTERRUPTED,
+        CliError,
+        _Constrained,
+        _ctrl_c_cancels,
+        print_calls,
+        reply_constraint,
+        run_chat_reply,
+        run_tools,
+    )
 
     if not args.prompt:
         raise CliError("the prompt is empty")
     for note in settings.sampling.validated()[1]:
         _say(f"warning: {note}")
     constraint = reply_constraint(args)
+    tools = run_tools(args)
     backend = open_remote(args, settings, _say)
     stats = None
     if args.chat:
-        chat = backend if constraint is None else _Constrained(backend, constraint)
+        chat = backend if constraint is None and tools is None else _Constrained(backend, constraint, tools)
         stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        print_calls(stats)
     else:
         print(args.prompt, end="", flush=True)
         with _ctrl_c_cancels(backend.cancel) as pressed:

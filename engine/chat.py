@@ -27,6 +27,7 @@ from .events import (
     Alternative,
     Message,
     TokenEvent,
+    ToolSpec,
     TurnStats,
 )
 from .kv_store import KVStore, template_sha256
@@ -36,6 +37,9 @@ from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
 from .tokenizer import Tokenizer
+from .tool_calls import parse_reply
+from .tool_calls import prompt as tool_prompt
+from .tool_calls.reasoning import split_reasoning
 from .untrusted_text import RenderedPrompt
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
@@ -81,6 +85,7 @@ class ChatSession:
         self._dropped = 0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
         self._dropped_now = False
         self._warned: set[str] = set()
+        self._tools: tuple[ToolSpec, ...] = ()  # the current turn's tools (the prompt is refitted with them)
         self.stop_ids = set(tok.eot_ids)
         for text in self.template.end_of_turn_strings():
             ids = tok.tokenize(text, special=True)
@@ -111,10 +116,16 @@ class ChatSession:
         self._warned.update(fresh)
         return fresh
 
-    def prompt_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> list[int]:
         """The conversation rendered through the model's template: its markers are control tokens, the messages'
-        own text is text (see engine.untrusted_text)."""
-        return prompt_ids(self.model.tokenizer, self.template.render_prompt(messages, add_generation_prompt))
+        and tools' own text is text (see engine.untrusted_text)."""
+        prompt = tool_prompt.render(self.template, messages, tools, None, add_generation_prompt)
+        return prompt_ids(self.model.tokenizer, prompt)
 
     def save_cache(self) -> Path | None:
         """Write the KV cache to `kv_store` (keyed to the model file, the template and the ids); its path."""
@@ -140,13 +151,15 @@ class ChatSession:
     def stream_reply(
         self,
         messages: Sequence[Message],
-        tools: Sequence[object] | None = None,
+        tools: Sequence[ToolSpec] | None = None,
         *,
         constraint: GrammarSpec | None = None,
         logit_bias: Mapping[int, float] | None = None,
     ) -> Iterator[TokenEvent | TurnStats]:
         """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats.
 
+        With `tools` the template is given them, and the finished reply is read for calls in the model's own
+        format: TurnStats.tool_calls holds them, `reasoning` any thinking block, and `reply` the text around them.
         constraint: a grammar the reply must match (engine.constraint); the reply ends when it is complete.
         logit_bias: token id -> value added to its logit before sampling; -100 or less bans the token.
         Raises GrammarError (bad constraint) or SettingsError (bad logit_bias) before any token.
@@ -155,12 +168,19 @@ class ChatSession:
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
         reserve = self._reply_reserve(valid)
+        self._tools = tuple(tools or ())
         prompt, _ = self._fit(list(messages), reserve)
         if prompt is None:
             self._cancel.clear()
             yield self._stats(0, 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
             return
-        yield from self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes, shaper)
+        turn = self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes, shaper)
+        for event in turn:
+            if isinstance(event, TurnStats) and self._tools:
+                reasoning, answer = split_reasoning(event.reply)
+                parsed = parse_reply(answer, tool_prompt.call_format(self.template))
+                event = replace(event, reply=parsed.content, tool_calls=parsed.calls, reasoning=reasoning)
+            yield event
 
     def stream_completion(
         self,
@@ -431,7 +451,7 @@ class ChatSession:
         budget = self.n_ctx - reserve
         while True:
             kept = system + rest[drop:]
-            prompt = self.prompt_tokens(kept)
+            prompt = self.prompt_tokens(kept, tools=self._tools)
             if len(prompt) <= budget:
                 if drop != self._dropped:
                     self._dropped_now = drop > self._dropped

@@ -18,8 +18,9 @@ from engine.events import Message
 from engine.sampling import N_TOP, SamplingSettings
 
 from ..settings import ConfigError, _coerce, _sampling_rules
+from .tools import ToolRequest, parse_calls, parse_tools
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = N_TOP  # the engine reports this many alternatives per token
 
@@ -83,6 +84,7 @@ class Generation:
 class ChatRequest:
     messages: tuple[Message, ...]
     gen: Generation
+    tools: ToolRequest = ToolRequest()
 
 
 @dataclass(frozen=True)
@@ -178,11 +180,8 @@ def _generation(body: Mapping[str, Any], defaults: SamplingSettings, n_logprobs:
 # Fields that change what the reply must be, which this server does not implement: a 400 naming the field, never
 # a 200 that ignores it. A field given with its "no effect" value passes (some clients always send it).
 _UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "tools": (([],), "tool calls are not supported"),
-    "tool_choice": (("none", "auto"), "tool calls are not supported"),
     "functions": (([],), "function calls are not supported"),
     "function_call": (("none", "auto"), "function calls are not supported"),
-    "parallel_tool_calls": ((True, False), ""),  # without tools it changes nothing
     "audio": ((), "audio output is not supported"),
     "modalities": ((["text"],), "only the text modality is supported"),
     "grammar_lazy": ((False,), "lazy grammars are not supported in requests"),
@@ -308,7 +307,17 @@ def parse_chat(body: Mapping[str, Any], defaults: SamplingSettings) -> ChatReque
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        messages.append(Message(ROLES[role], _content(content, f"{where}.content")))
+        text = _content(content, f"{where}.content")
+        calls = parse_calls(m["tool_calls"], f"{where}.tool_calls") if m.get("tool_calls") else ()
+        if calls and role != "assistant":
+            raise _bad(f"{where}.tool_calls", "only an assistant message carries tool calls")
+        call_id = m.get("tool_call_id") or ""
+        name = m.get("name") or ""
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise _bad(f"{where}.tool_call_id", "expected a string")
+        reasoning = m.get("reasoning_content")
+        reasoning = reasoning if isinstance(reasoning, str) else ""
+        messages.append(Message(ROLES[role], text, calls, call_id, name, reasoning))
     n_logprobs = None
     if _field(body, "logprobs", bool, "a boolean"):
         n_logprobs = _int_in(body, "top_logprobs", 0, 20) or 0
@@ -316,7 +325,7 @@ def parse_chat(body: Mapping[str, Any], defaults: SamplingSettings) -> ChatReque
             raise _bad("top_logprobs", f"this server reports at most {MAX_TOP_LOGPROBS}, got {n_logprobs}")
     elif body.get("top_logprobs") is not None:
         raise _bad("top_logprobs", "needs logprobs: true")
-    return ChatRequest(tuple(messages), _generation(body, defaults, n_logprobs))
+    return ChatRequest(tuple(messages), _generation(body, defaults, n_logprobs), parse_tools(body))
 
 
 def parse_completion(body: Mapping[str, Any], defaults: SamplingSettings) -> CompletionRequest:
