@@ -62,7 +62,8 @@ def test_every_penalty_at_its_ends_at_once(logits: list[np.ndarray]) -> None:
     names = ("repeat_penalty", "presence_penalty", "frequency_penalty")
     for x, combo, temperature in itertools.product(logits, itertools.product(*map(_ends, names)), (0.0, 1.0)):
         for top in ({"top_k": 0, "top_p": 1.0, "min_p": 0.0}, {}):
-            _check(x, SamplingSettings(temperature=temperature, repeat_last_n=-1, **dict(zip(names, combo)), **top))
+            penalties = dict(zip(names, combo, strict=True))
+            _check(x, SamplingSettings(temperature=temperature, repeat_last_n=-1, **penalties, **top))
 
 
 @pytest.mark.parametrize(
