@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 N_TOP = 5  # alternatives reported with each sampled token
+# The smallest temperature float32 can hold: a smaller one rounds to 0, and 0 / 0 would make the top token NaN.
+_T_MIN_F32 = float(np.finfo(np.float32).smallest_subnormal)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ class SamplerSetting:
         return getattr(SamplingSettings(), self.name)
 
     def accepts(self, value: float) -> bool:
-        """True for a value of this setting that needs no repair."""
+        """True for a value of this setting that needs no repair (never NaN or an infinity)."""
+        if not math.isfinite(value):
+            return False
         if any(value == v for v, _ in self.special):
             return True
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
@@ -134,9 +138,12 @@ class SamplerSetting:
         return self.kind(used), f"{bound} {_num(lowest if not self.low_open else self.low)}{meanings}"
 
 
+# The float ranges are ones the sampler survives at both ends (tests/engine/test_sampler_bounds.py runs each end
+# through `Sampler`): logits of magnitude up to 1e4, penalised by at most 1000 per occurrence over a million-token
+# window, stay far inside float32 (3.4e38); a repeat penalty of 0.001 or 1000 scales a logit by 1e3 at most.
 SAMPLER_SETTINGS: tuple[SamplerSetting, ...] = (
     SamplerSetting(
-        "temperature", float, 0.0, special=((0.0, "greedy"),),
+        "temperature", float, 0.0, 100.0, special=((0.0, "greedy"),),
         help="Randomness. 0 is greedy (always the most likely token).",
     ),
     SamplerSetting(
@@ -152,15 +159,15 @@ SAMPLER_SETTINGS: tuple[SamplerSetting, ...] = (
         help="Drop tokens less likely than min-p × the top token's probability. 0 disables.",
     ),
     SamplerSetting(
-        "repeat_penalty", float, 0.0, low_open=True, special=((1.0, "off"),), if_too_low=1.0,
+        "repeat_penalty", float, 0.001, 1000.0, special=((1.0, "off"),), if_too_low=1.0,
         help="Make tokens seen in the penalty window less likely (their logits divided by it). 1.0 disables.",
     ),
     SamplerSetting(
-        "presence_penalty", float, None,
+        "presence_penalty", float, -1000.0, 1000.0,
         help="Subtracted from the logit of every token seen in the penalty window. 0 disables.",
     ),
     SamplerSetting(
-        "frequency_penalty", float, None,
+        "frequency_penalty", float, -1000.0, 1000.0,
         help="Subtracted once for each time a token was seen in the penalty window. 0 disables.",
     ),
     SamplerSetting(
@@ -374,9 +381,10 @@ def distribution(logits: np.ndarray, settings: SamplingSettings) -> tuple[np.nda
     # Shift before dividing: with a tiny temperature, logit / t alone overflows to inf (and inf - inf = nan).
     if ids is None:
         with np.errstate(over="ignore"):  # -huge / tiny t -> -inf -> probability 0, as it should
-            return None, softmax((logits - logits.max()) / np.float32(s.temperature))
+            return None, softmax((logits - logits.max()) / np.float32(max(s.temperature, _T_MIN_F32)))
     x = logits[ids].astype(np.float64)
-    return ids, softmax((x - x[0]) / s.temperature)
+    with np.errstate(over="ignore"):
+        return ids, softmax((x - x[0]) / s.temperature)
 
 
 class Sampler:

@@ -61,6 +61,7 @@ def serve(
     import uvicorn
 
     from .app import Service, build_app
+    from .lengths import longest_token_bytes
     from .scheduler import Scheduler
 
     sock = bind(options.host, options.port)
@@ -79,6 +80,7 @@ def serve(
         for warning in warnings:
             say(f"warning: {warning}")
         say(f"ready: {options.model_id}, context {model.n_ctx}, {options.n_slots} slots, {model.threads} threads")
+        longest_token_bytes(model.tokenizer)  # cached for the first request's length check (lengths.py)
 
     scheduler = Scheduler(load, options.n_slots, options.max_queue, on_failure, on_ready)
     service = Service(scheduler, options.model_id, options.model_names, defaults, options.api_key)

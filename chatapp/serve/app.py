@@ -36,6 +36,7 @@ from engine.tool_calls.stream import CallStream, Delta
 
 from . import formats
 from . import tools as tool_shapes
+from .lengths import fewest_tokens, longest_token_bytes
 from .prompts import Prompter
 from .scheduler import Job, Scheduler
 from .schema import ApiError, Generation, check_logit_bias, parse_chat, parse_completion
@@ -57,6 +58,7 @@ class Service:
     max_body: int = MAX_BODY_BYTES
     created: int = field(default_factory=lambda: int(time.time()))
     _prompter: Prompter | None = None
+    _longest_token: int = 0  # bytes; see lengths.py
 
     def prompter(self) -> Prompter:
         """The prompt builder, once the model is loaded; ApiError 503 before."""
@@ -65,6 +67,7 @@ class Service:
             if s.state != "ready" or s.model is None or s.pool is None:
                 message = "Loading model" if s.state == "loading" else "the model is not available"
                 raise ApiError(503, message, type="unavailable_error", code=s.state)
+            self._longest_token = longest_token_bytes(s.model.tokenizer)
             self._prompter = Prompter(s.model, s.pool.slots[0].chat.template)
         return self._prompter
 
@@ -78,12 +81,20 @@ class Service:
             )
 
     def check_fits(self, prompt: list[int], param: str) -> None:
+        self._check_length(len(prompt), f"{len(prompt)} tokens", param)
+
+    def check_bytes(self, texts: list[str], param: str) -> None:
+        """Refuse, before tokenizing them, texts too long for the context whatever their tokens (lengths.py)."""
+        self.prompter()  # sets _longest_token
+        n_tokens, n_bytes = fewest_tokens(texts, self._longest_token)
+        self._check_length(n_tokens, f"at least {n_tokens} tokens ({n_bytes} bytes)", param)
+
+    def _check_length(self, n_tokens: int, said: str, param: str) -> None:
         n_ctx = self.scheduler.model.n_ctx if self.scheduler.model else 0
-        if len(prompt) >= n_ctx:
+        if n_tokens >= n_ctx:
             raise ApiError(
                 400,
-                f"the prompt is {len(prompt)} tokens and the context holds {n_ctx}, "
-                "with at least one left for the reply",
+                f"the prompt is {said} and the context holds {n_ctx}, with at least one left for the reply",
                 param=param,
                 code="context_length_exceeded",
             )
@@ -185,6 +196,7 @@ async def chat_completions(request: Request) -> Response | EventStream:
         gen = dataclasses.replace(gen, constraint=tr.constraint(fmt), constraint_param="tools")
     await _check_generation(service, gen)
     tools = tr.tools if tr.active else None
+    service.check_bytes([m.content for m in req.messages], "messages")  # before the template sees megabytes
     # templating and tokenizing: off the loop
     prompt = await run_in_threadpool(prompter.chat, req.messages, tools, tr.template_kwargs, prefix)
     thinking = await run_in_threadpool(prompter.opens_thinking, tr.template_kwargs)
@@ -290,6 +302,10 @@ async def completions(request: Request) -> Response | EventStream:
     req = parse_completion(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
     await _check_generation(service, req.gen)
+    if isinstance(req.prompt, str):
+        service.check_bytes([req.prompt], "prompt")
+    else:
+        service.check_fits(list(req.prompt), "prompt")
     prompt = await run_in_threadpool(prompter.text, req.prompt)
     head = {"id": _reply_id("cmpl"), "created": int(time.time()), "model": service.model_id}
     job = _submit(service, prompt, req.gen, head["id"], "prompt")

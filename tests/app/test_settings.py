@@ -128,7 +128,20 @@ def test_unknown_sampling_key(user_config: Path):
         ("threads = 1.5", 1, "threads", "expected an integer ≥ 0 (0 = all cores), got 1.5"),
         ('device = "tpu"', 1, "device", "expected one of 'auto', 'cpu', 'cuda', got 'tpu'"),
         ("system_prompt = 3", 1, "system_prompt", "expected a string, got 3"),
-        ("\n[sampling]\ntemperature = 'hot'", 3, "sampling.temperature", "expected a number ≥ 0"),
+        ("\n[sampling]\ntemperature = 'hot'", 3, "sampling.temperature", "expected a number between 0 and 100"),
+        (
+            "[sampling]\npresence_penalty = -1e308",
+            2,
+            "sampling.presence_penalty",
+            "expected a number between -1000 and 1000, got -1e+308",
+        ),
+        (
+            "[sampling]\nrepeat_penalty = 5e-324",
+            2,
+            "sampling.repeat_penalty",
+            "expected a number between 0.001 and 1000 (1 = off), got 5e-324",
+        ),
+        ("[sampling]\ntemperature = nan", 2, "sampling.temperature", "expected a number between 0 and 100"),
         ("[sampling]\ntop_p = 1.5", 2, "sampling.top_p", "expected a number between 0 and 1, got 1.5"),
         (
             "[sampling]\nmax_tokens = 0",
@@ -149,7 +162,7 @@ def test_wrong_type_or_range_names_file_line_key_and_expectation(
 
 
 def test_bad_command_line_values_name_the_command_line(user_config: Path):
-    with pytest.raises(ConfigError, match=r"^command line: sampling\.temperature: expected a number ≥ 0"):
+    with pytest.raises(ConfigError, match=r"^command line: sampling\.temperature: expected a number between 0 and 100"):
         load_settings({"temperature": "warm"})
     with pytest.raises(ConfigError, match=r"^command line: n_ctx: expected an integer ≥ 1, got -5"):
         load_settings({"n_ctx": -5})

@@ -132,16 +132,24 @@ def test_a_reply_with_absurd_settings_runs_clamped_and_reports_them(smollm2_mode
 # ---- the command line -----------------------------------------------------------------------------------
 
 
+TEMPERATURE = "between 0 and 100 (0 = greedy)"
+REPEAT = "between 0.001 and 1000 (1 = off)"
+PENALTY = "between -1000 and 1000"
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["--top-p", "7", "--temp", "-1"], "sampling.temperature: expected a number ≥ 0 (0 = greedy), got -1.0"),
+        (["--top-p", "7", "--temp", "-1"], f"sampling.temperature: expected a number {TEMPERATURE}, got -1.0"),
         (["--top-p", "7"], "sampling.top_p: expected a number between 0 and 1, got 7.0"),
         (["--top-k", "-5"], "sampling.top_k: expected an integer ≥ 0 (0 = off), got -5"),
+        (["--presence-penalty=-1e308"], f"sampling.presence_penalty: expected a number {PENALTY}, got -1e+308"),
+        (["--repeat-penalty", "5e-324"], f"sampling.repeat_penalty: expected a number {REPEAT}, got 5e-324"),
+        (["--temp", "nan"], f"sampling.temperature: expected a number {TEMPERATURE}, got nan"),
         (["-c", "0"], "n_ctx: expected an integer ≥ 1, got 0"),
         (["-t", "-1"], "threads: expected an integer ≥ 0 (0 = all cores), got -1"),
     ],
-    ids=["top-p-and-temp", "top-p", "top-k", "ctx-size", "threads"],
+    ids=["top-p-and-temp", "top-p", "top-k", "presence-penalty", "repeat-penalty", "temp-nan", "ctx-size", "threads"],
 )
 def test_the_cli_refuses_out_of_range_values_in_one_line(tmp_path: Path, args: list[str], named: str) -> None:
     """`chatapp run` checks options against the settings schema before loading anything: one line, status 2."""
