@@ -187,6 +187,9 @@ class Model:
             self._rope = [local if is_local else (self._cos, self._sin) for is_local in cfg.local]
         self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, rope_dim, cfg.spec.rope_neox)
         self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
+        # Every prompt row computed as decoding its token alone computes it, bit for bit (`forward`'s rowwise), so
+        # that logits do not depend on how a prompt was split into passes or what the cache held before.
+        self.deterministic = True
         self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
@@ -250,7 +253,7 @@ class Model:
         of up to kernels.SHORT_PASS tokens are so anyway).
         """
         with self._lock:
-            logits = self._forward(ids, cache, start, last_only, rowwise)
+            logits = self._forward(ids, cache, start, last_only, rowwise or self.deterministic)
             if cache.ring_rows is not None:  # positions before this are overwritten in the rings
                 cache.low = max(cache.low, start + len(ids) - cache.ring_rows)
             return logits
