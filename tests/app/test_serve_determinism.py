@@ -1,4 +1,5 @@
-"""A greedy reply from `chatapp serve` does not depend on what the slot's cache held (SmolLM2, one slot).
+"""With `--deterministic`, a greedy reply from `chatapp serve` does not depend on what the slot's cache held
+(SmolLM2, one slot).
 
 The same question at temperature 0, before and after an unrelated chat, gives the same reply and the same
 log-probs: the second time, the slot keeps the prompt's shared start (the chat template's opening) from the
@@ -20,7 +21,7 @@ QUESTION = "Say hello, and tell me one fact about owls."
 
 @pytest.fixture(scope="module")
 def one_slot(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _start(tmp_path_factory.mktemp("serve-determinism"), smollm2_path, "-np", "1")
+    yield from _start(tmp_path_factory.mktemp("serve-determinism"), smollm2_path, "-np", "1", "--deterministic")
 
 
 def _ask(server: Server, text: str) -> tuple[str, list[float]]:

@@ -1,4 +1,4 @@
-"""Logits that do not depend on how a prompt's tokens were computed (Model.deterministic, the default).
+"""Logits that do not depend on how a prompt's tokens were computed (Model.deterministic: `--deterministic`).
 
 The same token ids give the same logits and the same KV cache, bit for bit, whether the prompt ran in one pass,
 in passes split at random places, one token at a time, on top of another conversation's shared prefix, from a
@@ -6,21 +6,39 @@ saved cache, or after a re-evaluation of kept tokens. Before, passes of more tha
 attended through BLAS, whose sums run in another order than the one-token kernel's: SmolLM2's prompt log-probs
 moved by ~0.01 with the split, enough to change a greedy reply at a near-tie.
 
-Each check is also run with Model.deterministic off where that shows the difference, so the test is seen to
-catch it.
+The last test runs a split with Model.deterministic off (the default) and sees the logits differ: what the others
+would catch.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from engine.kv_store import KVStore
-from engine.model import Session
+from engine.model import Model, Session
 
 MODELS = ["smollm2_model", "qwen_model", "gemma3_model", "qwen15_model"]
 LONG = 1000  # prompt tokens on the small models
 SHORT = 120  # on Qwen2.5-Coder-1.5B, which prefills at ~10-20 tokens/s on this shared 2-core machine
+
+
+@pytest.fixture
+def deterministic(request) -> Callable[[str], Model]:
+    """model_fixture_name -> that (shared) model with `deterministic` on, off again after the test."""
+    on: list[Model] = []
+
+    def get(name: str) -> Model:
+        model = request.getfixturevalue(name)
+        model.deterministic = True
+        on.append(model)
+        return model
+
+    yield get
+    for model in on:
+        model.deterministic = False
 
 
 def prompt_ids(model, n: int) -> list[int]:
@@ -68,10 +86,10 @@ def random_cuts(rng: np.random.Generator, n: int, k: int) -> list[int]:
 
 
 @pytest.mark.parametrize("model_name", MODELS)
-def test_logits_do_not_depend_on_the_split(model_name: str, request) -> None:
+def test_logits_do_not_depend_on_the_split(model_name: str, deterministic) -> None:
     """One pass (chunked as Session.eval chunks) against passes cut at random places (seeded; pieces of 1 to
     hundreds of rows, the last ones single tokens)."""
-    model = request.getfixturevalue(model_name)
+    model = deterministic(model_name)
     n = SHORT if model_name == "qwen15_model" else LONG
     ids = prompt_ids(model, n)
     whole = model.session()
@@ -84,10 +102,10 @@ def test_logits_do_not_depend_on_the_split(model_name: str, request) -> None:
 
 
 @pytest.mark.parametrize("model_name", MODELS[:3])
-def test_a_prefix_left_by_another_conversation(model_name: str, request) -> None:
+def test_a_prefix_left_by_another_conversation(model_name: str, deterministic) -> None:
     """A session that held another conversation with the same first 300 tokens keeps them (truncate, as the
     chat does) and computes the rest: the same as a fresh session; and a second turn on top of the first."""
-    model = request.getfixturevalue(model_name)
+    model = deterministic(model_name)
     ids = prompt_ids(model, LONG)
     other = ids[:300] + model.tokenize(" An unrelated question about the weather in Lisbon?" * 8, special=False)
     fresh = model.session()
@@ -105,10 +123,10 @@ def test_a_prefix_left_by_another_conversation(model_name: str, request) -> None
 
 
 @pytest.mark.parametrize("model_name", MODELS[:2])
-def test_a_saved_and_restored_cache(model_name: str, request, tmp_path) -> None:
+def test_a_saved_and_restored_cache(model_name: str, deterministic, tmp_path) -> None:
     """engine/kv_store.py: a cache saved after 700 tokens, restored into a new session that goes on with the
     rest, against the prompt in one go. (Gemma 3's sliding-window rings are never saved.)"""
-    model = request.getfixturevalue(model_name)
+    model = deterministic(model_name)
     ids = prompt_ids(model, LONG)
     store = KVStore(tmp_path / "kv", 1 << 30)
     first = model.session()
@@ -121,10 +139,11 @@ def test_a_saved_and_restored_cache(model_name: str, request, tmp_path) -> None:
     assert_same(resumed, got, fresh, fresh.eval(ids), "restored from a saved cache")
 
 
-def test_a_re_evaluation_of_kept_tokens(gemma3_model) -> None:
+def test_a_re_evaluation_of_kept_tokens(deterministic) -> None:
     """Gemma 3's sliding-window rings lose keys that a shorter context would read, so Session.truncate
     evaluates the kept tokens again in one pass (as after a context shift); going on from there equals the
     prompt computed once."""
+    gemma3_model = deterministic("gemma3_model")
     ids = prompt_ids(gemma3_model, LONG)
     shifted = gemma3_model.session()
     shifted.eval(ids[:600] + gemma3_model.tokenize(" dropped" * 300, special=False))
@@ -136,13 +155,10 @@ def test_a_re_evaluation_of_kept_tokens(gemma3_model) -> None:
 
 
 def test_the_split_mattered_before(smollm2_model) -> None:
-    """With Model.deterministic off, prompt passes attend through BLAS and the same SmolLM2 prompt's logits
-    depend on the split: what the tests above would catch."""
+    """With Model.deterministic off (the default), prompt passes attend through BLAS and the same SmolLM2
+    prompt's logits depend on the split: what the tests above would catch."""
+    assert not smollm2_model.deterministic
     ids = prompt_ids(smollm2_model, LONG)
-    smollm2_model.deterministic = False
-    try:
-        want = smollm2_model.session().eval(ids)
-        _, got = eval_split(smollm2_model, ids, [417, 998, 999])
-    finally:
-        smollm2_model.deterministic = True
+    want = smollm2_model.session().eval(ids)
+    _, got = eval_split(smollm2_model, ids, [417, 998, 999])
     assert not np.array_equal(got, want)
