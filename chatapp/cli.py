@@ -63,6 +63,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="a catalog name (see `chatapp models`) or a path to a .gguf file")
     p.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, help="context size in tokens")
     p.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--deterministic", action="store_true", default=None,
+        help="the same tokens give the same logits however the cache computed them (greedy replies repeat); "
+        "slower prefill",
+    )  # fmt: skip
     # Both checked by the settings schema (one-line errors), not by argparse.
     p.add_argument("--device", help="auto (a CUDA GPU when CuPy finds one; the default), cpu or cuda")
     p.add_argument(
@@ -139,6 +144,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
         "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
+        "deterministic",
     )  # fmt: skip
     from .drafting import draft_overrides
     from .remote_cli import remote_overrides
@@ -207,6 +213,7 @@ def _load(
         gpu_layers=settings.gpu_layers,
         requantize=requantize,
     )
+    model.deterministic = settings.deterministic
     if model.device != "cpu":
         say(f"running on {model.device}")
     return model

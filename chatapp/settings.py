@@ -71,6 +71,7 @@ class AppSettings:
     draft_max: int = 16  # most tokens a drafter guesses per step
     draft_type: str = "file"  # a draft model's matrices as stored, or re-encoded at load to this type ("q4_0")
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
+    deterministic: bool = False  # prompts computed row by row as decoding does: logits independent of the cache
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
     models_folder: str = ""  # a folder of the user's own .gguf files, offered by the model picker; "" = none
@@ -104,6 +105,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),
     "draft_type": _Rule(str, lambda v: v.strip().lower() in DRAFT_TYPES, f"one of {', '.join(DRAFT_TYPES)}"),
     "lookup": _Rule(bool),
+    "deterministic": _Rule(bool),
     "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
 }
 
