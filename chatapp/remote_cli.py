@@ -69,7 +69,7 @@ def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     backend = open_remote(args, settings, _say)
     stats = None
     if args.chat:
-        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt, yes=getattr(args, "yes", False))
     else:
         print(args.prompt, end="", flush=True)
         with _ctrl_c_cancels(backend.cancel) as interrupted:

@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Alternative, Message, TokenEvent, TurnStats
+from engine.events import (
+    STOP_CANCELLED,
+    STOP_EOS,
+    STOP_LENGTH,
+    Alternative,
+    Message,
+    TokenEvent,
+    ToolCall,
+    ToolSpec,
+    TurnStats,
+)
 from engine.sampling import SamplingSettings
 
 if TYPE_CHECKING:
@@ -50,6 +60,9 @@ def prompt_size(messages: Sequence[Message]) -> int:
 class FakeBackend:
     """Replies with `replies[i]` to the i-th call (cycling), else an echo of the last user message.
 
+    A reply may be a tuple of `ToolCall`s: when the call offers tools, the reply is those calls (one token per
+    call, as a model writes its call), else the text "(no tools offered)".
+
     gated=True: each token waits for `release()`; tests then decide exactly when tokens happen.
     fail_calls: 1-based call numbers that raise after `fail_after` tokens.
     """
@@ -59,7 +72,7 @@ class FakeBackend:
 
     def __init__(
         self,
-        replies: Sequence[str] = (),
+        replies: Sequence[str | tuple[ToolCall, ...]] = (),
         *,
         token_delay: float = 0.0,
         gated: bool = False,
@@ -76,6 +89,7 @@ class FakeBackend:
         self.turn_warnings = tuple(turn_warnings)
         self.settings = SamplingSettings()
         self.calls: list[list[Message]] = []
+        self.tools_seen: list[list[ToolSpec] | None] = []  # the tools offered to each call
         self.seen_settings: list[SamplingSettings] = []
         """The settings in force just before each token was produced, across all calls."""
         self.cancel_calls = 0
@@ -89,17 +103,24 @@ class FakeBackend:
         for _ in range(n):
             self._gate.release()
 
-    def reply_for(self, call: int, messages: Sequence[Message]) -> str:
+    def reply_for(self, call: int, messages: Sequence[Message]) -> str | tuple[ToolCall, ...]:
         if self.replies:
             return self.replies[(call - 1) % len(self.replies)]
         last = next((m.content for m in reversed(messages) if m.role == "user"), "")
         return f"You said: {last}"
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
+    def stream_reply(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None
+    ) -> Iterator[TokenEvent | TurnStats]:
         self._cancel.clear()
         self.calls.append(list(messages))
+        self.tools_seen.append(list(tools) if tools is not None else None)
         call = len(self.calls)
-        pieces = split_tokens(self.reply_for(call, messages))
+        script = self.reply_for(call, messages)
+        tool_calls: tuple[ToolCall, ...] = ()
+        if isinstance(script, tuple):
+            tool_calls, script = (script, "") if tools else ((), "(no tools offered)")
+        pieces = split_tokens(script) or ["<call>"] * len(tool_calls)
         prompt = prompt_size(messages)
         reused = min(self._cached, prompt - 1) if prompt else 0
         stop, text, decode_ms = STOP_EOS, "", 0.0
@@ -129,7 +150,8 @@ class FakeBackend:
             if 0 < limit <= i + 1:
                 stop = STOP_LENGTH
                 break
-        generated = len(split_tokens(text))
+        generated = len(split_tokens(text)) or (len(tool_calls) if stop != STOP_CANCELLED else 0)
+        text = "" if tool_calls else text
         self._cached = prompt + generated
         yield TurnStats(
             prompt_tokens=prompt,
@@ -144,6 +166,7 @@ class FakeBackend:
             n_ctx=self.n_ctx,
             reply=text,
             warnings=self.turn_warnings,
+            tool_calls=tool_calls if stop != STOP_CANCELLED else (),
         )
 
     def cancel(self) -> None:
