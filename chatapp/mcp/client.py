@@ -71,7 +71,7 @@ class McpClient:
         specs = [s for s in self.settings.servers if s.name not in self._servers or self._servers[s.name].error]
         if not specs:
             return []
-        return self._run(self._start_all(specs), self.settings.timeout + 5)
+        return self._run(self._start_all(specs), self.settings.start_timeout + 5)
 
     @property
     def tools(self) -> list[McpTool]:
@@ -127,9 +127,9 @@ class McpClient:
         failures = []
         for server, started in ready:
             try:
-                await asyncio.wait_for(started.wait(), self.settings.timeout)
+                await asyncio.wait_for(started.wait(), self.settings.start_timeout)
             except TimeoutError:
-                server.error = f"no answer in {self.settings.timeout:g} s"
+                server.error = f"no answer in {self.settings.start_timeout:g} s"
                 server.closing.set()
             if server.error:
                 failures.append(f"MCP server {server.spec.name!r} did not start: {server.error}")

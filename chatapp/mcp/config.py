@@ -1,7 +1,8 @@
 """Which MCP servers to start: `[mcp]` in config.toml and `--mcp-config FILE` (the `mcpServers` JSON shape).
 
     [mcp]
-    timeout = 30          # seconds a server may take to start, list its tools, or answer one call
+    timeout = 30          # seconds a call may take
+    start_timeout = 60    # seconds a server may take to start and list its tools
     max_rounds = 8        # tool rounds per reply before the model must answer
     allow = ["get_current_time"]   # tools that run without asking
     [mcp.servers.time]
@@ -45,7 +46,8 @@ class ServerSpec:
 class McpSettings:
     servers: tuple[ServerSpec, ...] = ()
     allow: tuple[str, ...] = ()  # tool names that run without asking
-    timeout: float = 30.0  # seconds for a server's start, its tool list, or one call
+    timeout: float = 30.0  # seconds one call may take
+    start_timeout: float = 60.0  # seconds a server may take to start and list its tools
     max_rounds: int = 8  # tool rounds per reply
 
 
@@ -78,16 +80,17 @@ def settings_from_table(table: Any, where: str, base: McpSettings | None = None)
     base = base or McpSettings()
     if not isinstance(table, Mapping):
         raise McpConfigError(f"{where}: [mcp] must be a table")
-    unknown = set(table) - {"servers", "allow", "timeout", "max_rounds"}
+    unknown = set(table) - {"servers", "allow", "timeout", "start_timeout", "max_rounds"}
     if unknown:
         raise McpConfigError(f"{where}: unknown key in [mcp]: {sorted(unknown)[0]!r} "
-                             "(expected one of: servers, allow, timeout, max_rounds)")  # fmt: skip
+                             "(expected one of: servers, allow, timeout, start_timeout, max_rounds)")  # fmt: skip
     out = base
-    if "timeout" in table:
-        timeout = table["timeout"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise McpConfigError(f"{where}: mcp.timeout must be a number of seconds > 0, got {timeout!r}")
-        out = replace(out, timeout=float(timeout))
+    for key in ("timeout", "start_timeout"):
+        if key in table:
+            seconds = table[key]
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise McpConfigError(f"{where}: mcp.{key} must be a number of seconds > 0, got {seconds!r}")
+            out = replace(out, **{key: float(seconds)})
     if "max_rounds" in table:
         rounds = table["max_rounds"]
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

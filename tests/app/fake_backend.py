@@ -203,8 +203,9 @@ def make_app(
     system_prompt: str = "",
     fail_load: str | None = None,
     settings: SamplingSettings | None = None,
+    mcp: object | None = None,
 ) -> ChatApp:
-    """The app on a fake backend (a fresh one unless given)."""
+    """The app on a fake backend (a fresh one unless given); `mcp`: a `chatapp.mcp.config.McpSettings`."""
     from chatapp.tui.app import ChatApp
 
     backend = backend or FakeBackend()
@@ -215,6 +216,7 @@ def make_app(
         system_prompt=system_prompt,
         store=store,
         export_dir=export_dir,
+        mcp=mcp,
     )
     record_notices(app)
     return app
