@@ -47,7 +47,7 @@ class StatusBar(Horizontal):
             parts.append((f"{self.remote}  ", "$accent"))
         parts.append((self.model_name, "bold"))
         if self.tools:
-            parts += [("  ", ""), (f"⚙ {self.tools}", "$secondary")]
+            parts += [("  ", ""), (f"⚙ {self.tools}", "$text-accent")]
         if detail:
             parts += [("  ", ""), (detail, "$text-muted")]
         self.query_one("#status-left", Static).update(Content.assemble(*parts))

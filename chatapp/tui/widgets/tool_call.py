@@ -40,9 +40,9 @@ class ToolCallBlock(Static, can_focus=True):
     def set_record(self, record: ToolRecord) -> None:
         self.record = record
         self.border_title = f"⚙ {record.name}" + (f" · {record.server}" if record.server else "")
-        self.update(self._render_content())
+        self.update(self._describe())
 
-    def _render_content(self) -> Content:
+    def _describe(self) -> Content:
         record = self.record
         parts: list[Content] = [Content.styled(pretty_arguments(record.arguments), "$text-muted")]
         label, style = STATUS.get(record.status, (record.status, ""))
@@ -63,7 +63,7 @@ class ToolCallBlock(Static, can_focus=True):
 
     def action_toggle(self) -> None:
         self.expanded = not self.expanded
-        self.update(self._render_content())
+        self.update(self._describe())
 
     def on_click(self) -> None:
         self.action_toggle()
