@@ -1,7 +1,7 @@
 """A scripted ChatBackend for the app tests: fixed replies, fixed timings, recorded settings, honoured cancel.
 
 Every number it reports is a function of the script, never of the clock, so snapshots are stable.
-Run it to try the app by hand:  .venv/bin/python -m tests.app.fake_backend [--slow] [--fail-load]
+Run it to try the app by hand:  .venv/bin/python -m tests.app.fake_backend [--slow] [--fail-load] [--tools]
 """
 
 from __future__ import annotations
@@ -276,9 +276,20 @@ def _demo() -> None:
     parser = argparse.ArgumentParser(description="Run the chat app against the fake backend.")
     parser.add_argument("--slow", action="store_true", help="load slowly and stream at ~12 tokens/s")
     parser.add_argument("--fail-load", action="store_true", help="make the model load fail")
+    parser.add_argument("--tools", action="store_true", help="the model calls `add` of tests/app/mcp_test_server.py")
     parser.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "chatapp-demo.sqlite")
     args = parser.parse_args()
-    backend = FakeBackend([DEMO_REPLY], token_delay=0.08 if args.slow else 0.02)
+    replies: list = [DEMO_REPLY]
+    mcp = None
+    if args.tools:
+        import sys
+
+        from chatapp.mcp.config import McpSettings, ServerSpec
+
+        replies = [(ToolCall("call_1", "add", '{"a": 20, "b": 22}'),), "The tool says 20 + 22 = **42**."]
+        server = str(Path(__file__).with_name("mcp_test_server.py"))
+        mcp = McpSettings((ServerSpec("testtools", sys.executable, (server,)),))
+    backend = FakeBackend(replies, token_delay=0.08 if args.slow else 0.02)
 
     def factory(progress: Callable[[str], None]) -> FakeBackend:
         for step in ("compiling kernels (first start only)…", "loading weights 40%", "loading weights 100%"):
@@ -294,6 +305,7 @@ def _demo() -> None:
         settings=SamplingSettings(),
         system_prompt="",
         store_path=args.store,
+        mcp=mcp,
     )
 
 
