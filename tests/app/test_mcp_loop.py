@@ -251,3 +251,23 @@ def test_terminal_tools_print_calls_and_ask_on_the_terminal():
     assert 'run add on testtools { "a": 20, "b": 22 }? [y]es once' in out
     assert "tool result: add" in out and ": 42" in out and "tool denied: add" in out
     assert [c.status for r in turn.rounds for c in r.calls] == ["ok", "denied"]
+
+
+def test_mcp_server_git_on_a_repository_of_its_own(tmp_path: Path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notes.txt").write_text("hello\n")
+    git = ServerSpec("git", shutil.which("mcp-server-git") or "mcp-server-git", ("--repository", str(repo)))
+    own = McpClient(McpSettings((git,), timeout=20))
+    try:
+        assert own.start() == []
+        assert {"git_status", "git_log"} <= {t.name for t in own.tools}
+        backend = FakeBackend([call("git_status", {"repo_path": str(repo)}), "One untracked file."])
+        _, turn, _, _ = ask(backend, own, ["once"])
+        record = turn.rounds[0].calls[0]
+        assert record.status == "ok" and "notes.txt" in record.result and record.server == "git"
+    finally:
+        own.close()
