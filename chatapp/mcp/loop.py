@@ -8,6 +8,7 @@ result, so it can answer anyway. After `max_rounds` rounds the model is asked on
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -53,7 +54,7 @@ def reply_with_tools(
 ) -> TurnStats:
     """Run the reply on this (inference) thread; the last round's stats. Raises `ReplyError` as `generate_reply`."""
     messages = list(messages)
-    specs = [t.spec() for t in chat.tools] if chat else []
+    specs = [t.spec() for t in chat.tools] if chat and accepts_tools(backend) else []
     rounds = 0
     while True:
         offer = specs if specs and rounds < (chat.max_rounds if chat else 0) else None
@@ -71,6 +72,14 @@ def reply_with_tools(
             messages.append(Message("tool", record.result, tool_call_id=call.id, name=call.name))
         if stop.is_set():
             return replace(stats, stop_reason=STOP_CANCELLED, reply="")
+
+
+def accepts_tools(backend: ChatBackend) -> bool:
+    """Whether `backend.stream_reply` takes `tools` (a backend from before tool calling does not)."""
+    try:
+        return "tools" in inspect.signature(backend.stream_reply).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _settle(record: ToolRecord, tool: McpTool | None, chat: ToolChat, sink: ToolSink, stop: threading.Event):

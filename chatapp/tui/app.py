@@ -31,7 +31,7 @@ from chatapp.chat_service import ActiveReply, ChatService, Refused
 from chatapp.chat_state import ChatState, Turn, code_blocks
 from chatapp.errors import describe_error
 from chatapp.mcp.config import McpSettings
-from chatapp.mcp.loop import ToolChat
+from chatapp.mcp.loop import ToolChat, accepts_tools
 from chatapp.model_choices import ModelChoice
 from chatapp.recorder import Recorder
 from chatapp.tui.commands import chat_commands
@@ -339,6 +339,8 @@ class ChatApp(App[None]):
         self.status.show_stats(None)
         self._show_banner("ready")
         self._show_warnings()
+        if self.mcp.servers and not accepts_tools(backend):
+            self.notify("This model's backend cannot call tools: they are not offered to it.", severity="warning")
         if switched is not None:
             self.notify(f"Now chatting with {self.model_name}; this chat carries over, and the next message "
                         "evaluates it on the new model.", title="Model")  # fmt: skip

@@ -271,3 +271,25 @@ def test_mcp_server_git_on_a_repository_of_its_own(tmp_path: Path):
         assert record.status == "ok" and "notes.txt" in record.result and record.server == "git"
     finally:
         own.close()
+
+
+def test_a_backend_without_tools_is_offered_none(client):
+    class Old(FakeBackend):
+        def stream_reply(self, messages):  # the interface before tool calling
+            return super().stream_reply(messages)
+
+    backend = Old([call("add", {"a": 1, "b": 1})])
+    _, turn, runner, _ = ask(backend, client, [])
+    assert backend.tools_seen == [None] and turn.content == "(no tools offered)" and runner.ran == []
+
+
+def test_the_cli_names_a_bad_mcp_config_and_needs_chat(tmp_path: Path, capsys, monkeypatch):
+    from chatapp.cli import main
+
+    monkeypatch.setenv("CHATAPP_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "bad.json").write_text('{"mcpServers": {"t": {}}}')
+    assert main(["run", "--chat", "-p", "hi", "--mcp-config", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: server 't' needs either a command" in capsys.readouterr().err
+    (tmp_path / "ok.json").write_text('{"mcpServers": {"t": {"command": "x"}}}')
+    assert main(["run", "-p", "hi", "--mcp-config", str(tmp_path / "ok.json")]) == 2
+    assert "--mcp-config needs --chat" in capsys.readouterr().err
