@@ -76,6 +76,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def _mcp_args(p: argparse.ArgumentParser) -> None:
+    shape = '{"mcpServers": {"NAME": {"command": ..., "args": [...]}}} (or "url")'
+    p.add_argument("--mcp-config", metavar="FILE", help=f"MCP servers the chat may call tools of: {shape}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .drafting import add_draft_args
     from .remote_cli import add_remote_args
@@ -85,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_args(parser)
     add_remote_args(parser)
     parser.add_argument("--system", dest="system_prompt", help="system prompt for new chats")
+    _mcp_args(parser)
     _sampling_args(parser)
     sub = parser.add_subparsers(dest="command")
 
@@ -95,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     _n_predict(run, "tokens to generate")
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
+    _mcp_args(run)
+    run.add_argument("--yes", action="store_true", help="with --mcp-config: run every tool call without asking")
     shape = run.add_mutually_exclusive_group()
     shape.add_argument("-j", "--json-schema", metavar="FILE|JSON", help="the reply must match this JSON schema")
     shape.add_argument(
@@ -150,6 +158,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     from .remote_cli import remote_overrides
 
     given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "mcp_config", None):
+        given["mcp_config"] = args.mcp_config
     return given | draft_overrides(args) | remote_overrides(args)
 
 
@@ -302,6 +312,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import print_run_summary
 
     settings = _settings(args)
+    if args.mcp_config and not args.chat:
+        raise CliError("--mcp-config needs --chat: tools are called from a chat reply")
+    if args.mcp_config and getattr(args, "tools", None):
+        raise CliError("--tools prints the calls, --mcp-config runs them: give one of the two")
     if settings.remote.enabled:
         from .remote_cli import run_remote
 
@@ -334,7 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
         backend = chat if constraint is None and tools is None else _Constrained(chat, constraint, tools)
-        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt, yes=args.yes)
         print_calls(stats)
         print_run_summary(model, stats, sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 0
@@ -357,11 +371,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if pressed else 0
 
 
-def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> tuple[TurnStats | None, bool]:
+def run_chat_reply(
+    backend: ChatBackend, settings: AppSettings, prompt: str, *, yes: bool = False
+) -> tuple[TurnStats | None, bool]:
     """`run --chat`: one user message through the chat service (no store), the reply on stdout as it comes.
+    With MCP servers configured, their tools are offered: each call is printed to stderr and asked about on
+    the terminal (`yes`: every call runs unasked).
 
     Returns the reply's stats (None if it failed) and whether Ctrl+C stopped it."""
     from .chat_service import ChatService, ReplyError
+    from .mcp.terminal import TerminalTools
     from .recorder import Recorder
 
     service = ChatService(
@@ -371,9 +390,10 @@ def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> 
         system_prompt=settings.system_prompt,
         backend=backend,
     )
-    with _ctrl_c_cancels(service.stop) as interrupted:
+    with TerminalTools(settings.mcp, yes=yes) as tools, _ctrl_c_cancels(service.stop) as interrupted:
         try:
-            reply = service.ask(prompt, lambda text: print(text, end="", flush=True))
+            reply = service.ask(prompt, lambda text: print(text, end="", flush=True), tools.chat, tools.show,
+                                tools.approve)  # fmt: skip
         except ReplyError as e:
             print(flush=True)
             raise CliError(str(e)) from None
@@ -540,6 +560,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         theme=settings.theme,
         model_choices=choices,
         factory_for_model=switch,
+        mcp=settings.mcp,
     )
     return 0
 

@@ -81,7 +81,7 @@ def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     stats = None
     if args.chat:
         chat = backend if constraint is None and tools is None else _Constrained(backend, constraint, tools)
-        stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        stats, interrupted = run_chat_reply(chat, settings, args.prompt, yes=getattr(args, "yes", False))
         print_calls(stats)
     else:
         print(args.prompt, end="", flush=True)

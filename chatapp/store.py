@@ -196,6 +196,7 @@ def stats_to_dict(stats: TurnStats, tokens: Sequence[TokenEvent] | None = None) 
     """
     d = dataclasses.asdict(stats)
     d["warnings"] = list(stats.warnings)
+    d["tool_calls"] = [dataclasses.asdict(c) for c in stats.tool_calls]
     d["prefill_tok_s"] = stats.prefill_tok_s
     d["decode_tok_s"] = stats.decode_tok_s
     if tokens is not None:
