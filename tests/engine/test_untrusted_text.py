@@ -4,6 +4,8 @@ formats, in every role; only the template's own markers are control tokens."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.chat import ChatSession
@@ -136,3 +138,27 @@ def test_the_built_in_turn_formats_guard_too(turn_format, smollm2_model) -> None
     assert inside == "".join(turn_format.markers)
     outside = rendered.text.replace(inside, "", 1)
     assert all(marker in outside for marker in turn_format.markers)  # the format's own markers stay outside
+
+
+# Qwen's template has tool syntax; SmolLM2's has none (the tools go in a system note).
+@pytest.mark.parametrize("model_fixture", ["qwen_model", "smollm2_model"])
+def test_tool_definitions_calls_and_results_stay_text(model_fixture: str, request: pytest.FixtureRequest) -> None:
+    session = ChatSession(request.getfixturevalue(model_fixture))
+    tok = session.model.tokenizer
+    evil = _injection(_markers(session))
+
+    def conversation(text: str) -> tuple[list[Message], list[dict]]:
+        call = ToolCall("call_1", "lookup", json.dumps({"query": text}))
+        messages = [
+            Message("user", "Look it up."),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", text, tool_call_id="call_1", name="lookup"),
+        ]
+        function = {"name": "lookup", "description": text, "parameters": {"type": "object"}}
+        return messages, [{"type": "function", "function": function}]
+
+    messages, tools = conversation(evil)
+    ids = session.prompt_tokens(messages, tools=tools)
+    neutral = session.prompt_tokens(*conversation("plain words")[:1], tools=conversation("plain words")[1])
+    assert _controls(session, ids) == _controls(session, neutral)
+    assert _contains(ids, tok.tokenize(evil.strip(), special=False))  # the tool's result, as text
