@@ -54,9 +54,9 @@ class TerminalTools:
             args = " ".join(pretty_arguments(record.arguments).split())
             self._say(f"tool call: {record.name} on {record.server or '?'} {args}")
         elif record.status == "ok":
-            lines = record.result.splitlines() or [""]
-            more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
-            self._say(f"tool result: {record.name} ({record.ms:.0f} ms): {lines[0][:200]}{more}")
+            one = " ".join(record.result.split())
+            more = f"… ({len(one):,} characters)" if len(one) > 300 else ""
+            self._say(f"tool result: {record.name} ({record.ms:.0f} ms): {one[:300]}{more}")
         else:
             self._say(f"tool {record.status}: {record.name}: {' '.join(record.result.split())}")
 
