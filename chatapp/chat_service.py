@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chatapp.backend import ChatBackend
-from chatapp.chat_state import ChatState, LiveMetrics, Turn
+from chatapp.chat_state import ChatState, LiveMetrics, ToolRecord, ToolRound, Turn
 from chatapp.errors import describe_error
 from chatapp.export import transcript, write_export
 from chatapp.recorder import Recorder
@@ -220,19 +220,43 @@ class ChatService:
         self.active = ActiveReply(self._turn, reply, self.state.conv_id, messages)
         return self.active
 
-    def ask(self, text: str, on_text: Callable[[str], None]) -> Turn:
+    def ask(
+        self,
+        text: str,
+        on_text: Callable[[str], None],
+        tools: Any | None = None,
+        on_call: Callable[[ToolRecord], None] | None = None,
+        approve: Callable[[ToolRecord], str] | None = None,
+    ) -> Turn:
         """Send `text` and generate the reply here, on the calling thread (`chatapp run --chat`); `on_text` gets
-        each token's text. The finished reply (saved, with its stats); a failure is raised as `ReplyError`."""
+        each token's text. With `tools` (a `chatapp.mcp.loop.ToolChat`), approved calls run and the model goes
+        on: `on_call` sees each call's progress, `approve` answers "once", "always" or "deny".
+        The finished reply (saved, with its stats); a failure is raised as `ReplyError`."""
+        from chatapp.mcp.loop import reply_with_tools
+
         self.send(text)
         active = self.start_reply()
         assert self.backend is not None
+        service = self
 
-        def on_token(event: TokenEvent, elapsed_ms: float) -> None:
-            self.token(active.turn, event, elapsed_ms)
-            on_text(event.text)
+        class Sink:
+            def token(self, event: TokenEvent, elapsed_ms: float) -> None:
+                service.token(active.turn, event, elapsed_ms)
+                on_text(event.text)
+
+            def round_ended(self, text: str, stats: TurnStats) -> None:
+                service.round_ended(active.turn, text, stats)
+
+            def call_updated(self, record: ToolRecord) -> None:
+                service.call_updated(active.turn, record)
+                if on_call is not None:
+                    on_call(record)
+
+            def approve(self, record: ToolRecord) -> str:
+                return approve(record) if approve is not None else "deny"
 
         try:
-            stats = generate_reply(self.backend, active.messages, on_token, active.stop)
+            stats = reply_with_tools(self.backend, active.messages, tools, Sink(), active.stop)
         except ReplyError as exc:
             self.failed(active.turn, str(exc))
             raise
@@ -253,10 +277,33 @@ class ChatService:
             self.recorder.reply_progress(active.conv_id, active.reply)
         return active
 
+    def round_ended(self, turn: int, text: str, stats: TurnStats) -> ActiveReply | None:
+        """The model called tools: its text so far becomes the round's, and the reply's text starts again."""
+        active = self.current(turn)
+        if active is not None:
+            active.reply.rounds.append(ToolRound(text))
+            active.reply.gen_ms += stats.ttft_ms + stats.decode_ms
+            active.reply.content = ""
+        return active
+
+    def call_updated(self, turn: int, record: ToolRecord) -> ActiveReply | None:
+        """A call of the current round appeared, runs, or has its result (saved once it has one)."""
+        active = self.current(turn)
+        if active is not None and active.reply.rounds:
+            calls = active.reply.rounds[-1].calls
+            at = next((i for i, c in enumerate(calls) if c.id == record.id), None)
+            if at is None:
+                calls.append(record)
+            else:
+                calls[at] = record
+        return active
+
     def finished(self, turn: int, stats: TurnStats) -> ActiveReply | None:
         active = self.current(turn)
         if active is not None:
             self.active = None
+            if active.reply.rounds:
+                active.reply.gen_ms += stats.ttft_ms + stats.decode_ms
             active.reply.stats = stats
             if stats.reply:
                 active.reply.content = stats.reply

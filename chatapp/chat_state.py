@@ -15,10 +15,31 @@ from typing import TYPE_CHECKING, Any
 from markdown_it import MarkdownIt
 
 from chatapp.store import stats_to_dict as store_stats_to_dict
-from engine.events import Alternative, Message, TokenEvent, TurnStats
+from engine.events import Alternative, Message, TokenEvent, ToolCall, TurnStats
 
 if TYPE_CHECKING:
     from chatapp.store import Conversation, StoredMessage
+
+
+@dataclass
+class ToolRecord:
+    """One tool call in a reply, as shown in the chat and saved with it."""
+
+    id: str
+    name: str
+    server: str  # "" when no server offers the tool
+    arguments: str  # the JSON text the model wrote
+    status: str = "asking"  # asking | running | ok | denied | error | stopped
+    result: str = ""  # what the model was told: the tool's text, or why there is none
+    ms: float = 0.0  # time the tool took
+
+
+@dataclass
+class ToolRound:
+    """What the model said before its calls in one round, and the calls."""
+
+    text: str
+    calls: list[ToolRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -31,6 +52,12 @@ class Turn:
     stats: TurnStats | None = None  # assistant only, once the reply has finished
     tokens: list[TokenEvent] = field(default_factory=list)  # assistant only: the tokens as generated
     error: str | None = None  # assistant only: why generation failed, if it did
+    rounds: list[ToolRound] = field(default_factory=list)  # assistant only: tool rounds before `content`
+    gen_ms: float = 0.0  # with rounds: generation time of all rounds (prefill to last token)
+
+    @property
+    def tool_ms(self) -> float:
+        return sum(c.ms for r in self.rounds for c in r.calls)
 
 
 @dataclass
@@ -57,7 +84,12 @@ class ChatState:
     def backend_messages(self) -> list[Message]:
         """What `stream_reply` gets: the system prompt (if any) then every turn with text."""
         out = [Message("system", self.system_prompt)] if self.system_prompt.strip() else []
-        out += [Message(t.role, t.content) for t in self.turns if t.content or t.role == "user"]
+        for t in self.turns:
+            for r in t.rounds:
+                out.append(Message("assistant", r.text, tuple(ToolCall(c.id, c.name, c.arguments) for c in r.calls)))
+                out += [Message("tool", c.result, tool_call_id=c.id, name=c.name) for c in r.calls]
+            if t.content or t.role == "user":
+                out.append(Message(t.role, t.content))
         return out
 
     def last(self, role: str) -> tuple[int, Turn] | None:
@@ -77,23 +109,49 @@ class ChatState:
 
 def turn_from_stored(m: StoredMessage) -> Turn:
     stats, tokens, error = stats_from_dict(m.stats)
-    return Turn(m.role, m.content, m.id, stats, tokens, error)
+    rounds, gen_ms = rounds_from_dict(m.stats)
+    return Turn(m.role, m.content, m.id, stats, tokens, error, rounds, gen_ms)
 
 
 # ---- stats <-> JSON -------------------------------------------------------------------------------------
 
 
-def stats_to_dict(stats: TurnStats | None, tokens: list[TokenEvent], error: str | None = None) -> dict | None:
-    """The `stats` saved with a reply: the store's format (TurnStats fields + `tokens`), plus `error`."""
+def stats_to_dict(
+    stats: TurnStats | None,
+    tokens: list[TokenEvent],
+    error: str | None = None,
+    rounds: list[ToolRound] | None = None,
+    gen_ms: float = 0.0,
+) -> dict | None:
+    """The `stats` saved with a reply: the store's format (TurnStats fields + `tokens`), plus `error`, plus
+    the tool rounds (`tool_rounds`: each round's text and calls) and `gen_ms`."""
     if stats is not None:
         data = store_stats_to_dict(stats, tokens)
-    elif tokens or error:
+    elif tokens or error or rounds:
         data = {"tokens": [asdict(t) for t in tokens]}
     else:
         return None
     if error:
         data["error"] = error
+    if rounds:
+        data["tool_rounds"] = [{"text": r.text, "calls": [asdict(c) for c in r.calls]} for r in rounds]
+        data["gen_ms"] = gen_ms
     return data
+
+
+def rounds_from_dict(data: Any) -> tuple[list[ToolRound], float]:
+    """The tool rounds saved by `stats_to_dict` (none for an older or malformed record)."""
+    if not isinstance(data, dict) or not isinstance(data.get("tool_rounds"), list):
+        return [], 0.0
+    try:
+        names = {f.name for f in fields(ToolRecord)}
+        rounds = [
+            ToolRound(str(r["text"]), [ToolRecord(**{k: v for k, v in c.items() if k in names}) for c in r["calls"]])
+            for r in data["tool_rounds"]
+        ]
+        return rounds, float(data.get("gen_ms") or 0.0)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return [], 0.0
 
 
 def stats_from_dict(data: Any) -> tuple[TurnStats | None, list[TokenEvent], str | None]:
@@ -106,6 +164,7 @@ def stats_from_dict(data: Any) -> tuple[TurnStats | None, list[TokenEvent], str 
         try:
             values = {k: v for k, v in data.items() if k in known}
             values["warnings"] = tuple(values.get("warnings") or ())
+            values["tool_calls"] = tuple(ToolCall(**c) for c in values.get("tool_calls") or ())
             stats = TurnStats(**values)
         except (TypeError, ValueError):
             stats = None
@@ -187,6 +246,16 @@ def stats_line(stats: TurnStats) -> str:
     elif stats.context_shifts:
         parts.append(f"context shifted {stats.context_shifts}×")
     return " · ".join(parts)
+
+
+def tools_line(turn: Turn) -> str:
+    """Under a reply that used tools: its rounds, and the tools' time apart from generation's."""
+    if not turn.rounds:
+        return ""
+    calls = sum(len(r.calls) for r in turn.rounds)
+    rounds = len(turn.rounds)
+    return (f"{rounds} tool round{'s' if rounds != 1 else ''}, {calls} call{'s' if calls != 1 else ''} · "
+            f"tools {fmt_ms(turn.tool_ms)} · generation {fmt_ms(turn.gen_ms)}")  # fmt: skip
 
 
 def decode_latencies(tokens: list[TokenEvent]) -> list[float]:

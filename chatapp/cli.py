@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import signal
 import sys
 import threading
@@ -19,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
     from gguf import GGMLQuantizationType
 
+    from engine.constraint import GrammarSpec
     from engine.events import TurnStats
 
     from .backend import ChatBackend
+    from .model_choices import ModelChoice
     from .settings import AppSettings
 
 EXIT_USAGE = 2
@@ -60,12 +63,22 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="a catalog name (see `chatapp models`) or a path to a .gguf file")
     p.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, help="context size in tokens")
     p.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+    p.add_argument(
+        "--deterministic", action="store_true", default=None,
+        help="the same tokens give the same logits however the cache computed them (greedy replies repeat); "
+        "slower prefill",
+    )  # fmt: skip
     # Both checked by the settings schema (one-line errors), not by argparse.
     p.add_argument("--device", help="auto (a CUDA GPU when CuPy finds one; the default), cpu or cuda")
     p.add_argument(
         "-ngl", "--gpu-layers", dest="gpu_layers", metavar="N",
         help="leading layers on the GPU; -1 (default) = all and the output head, as llama.cpp's -ngl",
     )  # fmt: skip
+
+
+def _mcp_args(p: argparse.ArgumentParser) -> None:
+    shape = '{"mcpServers": {"NAME": {"command": ..., "args": [...]}}} (or "url")'
+    p.add_argument("--mcp-config", metavar="FILE", help=f"MCP servers the chat may call tools of: {shape}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_draft_args(parser)
     add_remote_args(parser)
     parser.add_argument("--system", dest="system_prompt", help="system prompt for new chats")
+    _mcp_args(parser)
     _sampling_args(parser)
     sub = parser.add_subparsers(dest="command")
 
@@ -87,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     _n_predict(run, "tokens to generate")
     run.add_argument("--chat", action="store_true", help="send the prompt as a user message via the template")
     run.add_argument("--system", dest="system_prompt", help="system prompt (with --chat)")
+    _mcp_args(run)
+    run.add_argument("--yes", action="store_true", help="with --mcp-config: run every tool call without asking")
+    shape = run.add_mutually_exclusive_group()
+    shape.add_argument("-j", "--json-schema", metavar="FILE|JSON", help="the reply must match this JSON schema")
+    shape.add_argument(
+        "--grammar", "--grammar-file", dest="grammar", metavar="FILE", help="reply in this GBNF/Lark grammar"
+    )
+    run.add_argument(
+        "--tools", metavar="FILE|JSON", help="with --chat: tools the model may call; calls print as JSON"
+    )
     _sampling_args(run)
     add_remote_args(run)
 
@@ -128,11 +152,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
         "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
+        "deterministic",
     )  # fmt: skip
     from .drafting import draft_overrides
     from .remote_cli import remote_overrides
 
     given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if getattr(args, "mcp_config", None):
+        given["mcp_config"] = args.mcp_config
     return given | draft_overrides(args) | remote_overrides(args)
 
 
@@ -196,9 +223,86 @@ def _load(
         gpu_layers=settings.gpu_layers,
         requantize=requantize,
     )
+    model.deterministic = settings.deterministic
     if model.device != "cpu":
         say(f"running on {model.device}")
     return model
+
+
+def reply_constraint(args: argparse.Namespace) -> GrammarSpec | None:
+    """`--json-schema FILE|JSON` or `--grammar FILE` as a GrammarSpec; CliError naming the flag."""
+    from engine.constraint import GrammarSpec
+
+    if getattr(args, "json_schema", None):
+        text = args.json_schema
+        if not text.lstrip().startswith(("{", "[")):
+            text = _read_flag_file("--json-schema", text)
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CliError(f"--json-schema: not valid JSON: {e}") from None
+        return GrammarSpec("json_schema", text)
+    if getattr(args, "grammar", None):
+        return GrammarSpec("gbnf", _read_flag_file("--grammar", args.grammar))  # GBNF, or Lark as it is
+    return None
+
+
+def _read_flag_file(flag: str, path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{flag}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def run_tools(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """`--tools FILE|JSON`: OpenAI's tools array, each a function with a name; CliError naming the flag."""
+    text = getattr(args, "tools", None)
+    if not text:
+        return None
+    if not args.chat:
+        raise CliError("--tools: needs --chat")
+    if not text.lstrip().startswith("["):
+        text = _read_flag_file("--tools", text)
+    try:
+        tools = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"--tools: not valid JSON: {e}") from None
+    ok = isinstance(tools, list) and all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+        for t in tools
+    )
+    if not ok:
+        raise CliError('--tools: expected an array of {"type": "function", "function": {"name": ...}}')
+    return tools
+
+
+def print_calls(stats: Any) -> None:
+    """A reply's tool calls on stdout, one JSON object a line."""
+    for call in getattr(stats, "tool_calls", ()) or ():
+        print(json.dumps({"id": call.id, "name": call.name, "arguments": call.arguments}, ensure_ascii=False))
+
+
+class _Constrained:
+    """A backend whose every reply is held to one constraint and offered the same tools (`run --chat`)."""
+
+    def __init__(
+        self, backend: ChatBackend, constraint: GrammarSpec | None, tools: list[dict[str, Any]] | None = None
+    ) -> None:
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "_constraint", constraint)
+        object.__setattr__(self, "_tools", tools)
+
+    def stream_reply(self, messages, tools=None):  # noqa: ANN001, ANN201 - ChatBackend's
+        tools = tools or self._tools
+        if self._constraint is None:
+            return self._backend.stream_reply(messages, tools)
+        return self._backend.stream_reply(messages, tools, constraint=self._constraint)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._backend, name, value)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -208,6 +312,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .report import print_run_summary
 
     settings = _settings(args)
+    if args.mcp_config and not args.chat:
+        raise CliError("--mcp-config needs --chat: tools are called from a chat reply")
+    if args.mcp_config and getattr(args, "tools", None):
+        raise CliError("--tools prints the calls, --mcp-config runs them: give one of the two")
     if settings.remote.enabled:
         from .remote_cli import run_remote
 
@@ -216,9 +324,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"chatapp: {msg}", file=sys.stderr, flush=True)
 
+    constraint = reply_constraint(args)
+    tools = run_tools(args)
     model = _load(args, settings, say)
     for warning in model.warnings:
         say(f"warning: {warning}")
+    if constraint is not None:
+        from engine.constraint import compile_grammar
+        from engine.errors import GrammarError
+
+        try:
+            compile_grammar(model.tokenizer, constraint)
+        except GrammarError as e:
+            raise CliError(f"{'--json-schema' if args.json_schema else '--grammar'}: {e}") from None
     from .drafting import make_drafter
 
     drafter = make_drafter(settings, model, partial(_load, args, say=say), say)
@@ -229,7 +347,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for w in chat.warnings():
             if w not in model.warnings:  # those were said above
                 say(f"warning: {w}")
-        stats, interrupted = run_chat_reply(chat, settings, args.prompt)
+        backend = chat if constraint is None and tools is None else _Constrained(chat, constraint, tools)
+        stats, interrupted = run_chat_reply(backend, settings, args.prompt, yes=args.yes)
+        print_calls(stats)
         print_run_summary(model, stats, sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 0
     tok = model.tokenizer
@@ -240,22 +360,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("the prompt is empty")
     print(args.prompt, end="", flush=True)
     stats = None
-    with _ctrl_c_cancels(chat.cancel) as interrupted:
-        for event in chat.stream_completion(ids):
+    with _ctrl_c_cancels(chat.cancel) as pressed:
+        for event in chat.stream_completion(ids, constraint=constraint):
             if isinstance(event, TurnStats):
                 stats = event
             else:
                 print(event.text, end="", flush=True)
     print(flush=True)
     print_run_summary(model, stats, sys.stderr)
-    return EXIT_INTERRUPTED if interrupted else 0
+    return EXIT_INTERRUPTED if pressed else 0
 
 
-def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> tuple[TurnStats | None, bool]:
+def run_chat_reply(
+    backend: ChatBackend, settings: AppSettings, prompt: str, *, yes: bool = False
+) -> tuple[TurnStats | None, bool]:
     """`run --chat`: one user message through the chat service (no store), the reply on stdout as it comes.
+    With MCP servers configured, their tools are offered: each call is printed to stderr and asked about on
+    the terminal (`yes`: every call runs unasked).
 
     Returns the reply's stats (None if it failed) and whether Ctrl+C stopped it."""
     from .chat_service import ChatService, ReplyError
+    from .mcp.terminal import TerminalTools
     from .recorder import Recorder
 
     service = ChatService(
@@ -265,9 +390,10 @@ def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> 
         system_prompt=settings.system_prompt,
         backend=backend,
     )
-    with _ctrl_c_cancels(service.stop) as interrupted:
+    with TerminalTools(settings.mcp, yes=yes) as tools, _ctrl_c_cancels(service.stop) as interrupted:
         try:
-            reply = service.ask(prompt, lambda text: print(text, end="", flush=True))
+            reply = service.ask(prompt, lambda text: print(text, end="", flush=True), tools.chat, tools.show,
+                                tools.approve)  # fmt: skip
         except ReplyError as e:
             print(flush=True)
             raise CliError(str(e)) from None
@@ -412,7 +538,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from .model_choices import model_choices
 
     model_name = settings.model
-    choices, switch = (lambda: model_choices(settings.models_folder)), factory_for_model
+    choices: Callable[[], list[ModelChoice]] | None = partial(model_choices, settings.models_folder)
+    switch: Callable[[str], Any] | None = factory_for_model
     if settings.remote.enabled:
         choices = switch = None  # the server's models: another -m
         from .remote_cli import open_remote, remote_label
@@ -433,6 +560,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         theme=settings.theme,
         model_choices=choices,
         factory_for_model=switch,
+        mcp=settings.mcp,
     )
     return 0
 

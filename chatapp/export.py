@@ -6,13 +6,14 @@ the chat shows); then every other branch from the message where it leaves the on
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from chatapp.chat_state import ChatState, Turn, stats_line, turn_from_stored
+from chatapp.chat_state import ChatState, Turn, stats_line, tools_line, turn_from_stored
 
 
 def transcript(state: ChatState, branches: Sequence[Sequence[Turn]] = (), started: float | None = None) -> str:
@@ -35,10 +36,34 @@ def transcript(state: ChatState, branches: Sequence[Sequence[Turn]] = (), starte
 
 
 def _section(turn: Turn, level: str = "##") -> list[str]:
-    lines = [f"{level} {turn.role.capitalize()}", "", turn.content.strip(), ""]
+    lines = [f"{level} {turn.role.capitalize()}", ""]
+    for r in turn.rounds:
+        lines += [r.text.strip(), ""] if r.text.strip() else []
+        for call in r.calls:
+            where = f" on `{call.server}`" if call.server else ""
+            lines += [f"**Tool call** `{call.name}`{where} ({call.status}):", "", "```json",
+                      pretty_arguments(call.arguments), "```", "", "Result:", "", _fence(call.result), ""]  # fmt: skip
+    lines += [turn.content.strip(), ""]
     if turn.role == "assistant" and turn.stats is not None:
         lines += [f"*{stats_line(turn.stats)}*", ""]
+    if turn.role == "assistant" and turn.rounds:
+        lines += [f"*{tools_line(turn)}*", ""]
     return lines
+
+
+def pretty_arguments(arguments: str) -> str:
+    """The model's arguments as indented JSON (as written, when they are not JSON)."""
+    try:
+        return json.dumps(json.loads(arguments or "{}"), indent=2, ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
+def _fence(text: str) -> str:
+    """`text` in a code fence longer than any backtick run inside it (a tool's text cannot end the fence)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}text\n{text}\n{fence}"
 
 
 def stored_transcript(store: Any, conv_id: int) -> str:

@@ -78,9 +78,9 @@ class Recorder:
         """Write the reply's final text with its stats and tokens (creating it if no token came)."""
         if self.store is None or conv_id is None:
             return
-        stats = stats_to_dict(turn.stats, turn.tokens, turn.error)
+        stats = stats_to_dict(turn.stats, turn.tokens, turn.error, turn.rounds, turn.gen_ms)
         if turn.msg_id is None:
-            if not turn.content:
+            if not turn.content and not turn.rounds:
                 return  # nothing was generated: nothing to keep
             turn.msg_id = self._call(
                 "save the reply", self.store.add_message, conv_id, "assistant", turn.content, stats

@@ -20,14 +20,25 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 
+from engine.constraint import GrammarSpec
 from engine.errors import EngineError
-from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Alternative, Message, TokenEvent, TurnStats
+from engine.events import (
+    STOP_CANCELLED,
+    STOP_EOS,
+    STOP_LENGTH,
+    Alternative,
+    Message,
+    TokenEvent,
+    ToolCall,
+    ToolSpec,
+    TurnStats,
+)
 from engine.sampling import SamplingSettings
 
 N_TOP = 5  # top_logprobs asked for: OpenAI's API allows up to 20, llama-server and vLLM honour 5 and more
@@ -76,6 +87,29 @@ class RemoteInfo:
     server: str  # "llama.cpp", "vLLM", ... or "an OpenAI-compatible server"
     honoured: frozenset[str]  # settings the server is known to honour
     ignored: frozenset[str]  # settings it is known to ignore; any other is sent and may or may not be honoured
+
+
+def constraint_fields(spec: GrammarSpec | None, chat: bool) -> dict[str, Any]:
+    """The body fields that ask a server for a reply matching `spec`.
+
+    A chat sends OpenAI's `response_format` (vLLM, SGLang, llama-server, chatapp serve); a completion sends
+    llama-server's `json_schema` (OpenAI's /completions has no response_format). A GBNF or Lark grammar goes as
+    llama-server's `grammar`. A regex has no field a server shares: RemoteError."""
+    if spec is None:
+        return {}
+    if spec.trigger is not None:
+        raise RemoteError("a lazy grammar cannot be sent to a server")
+    if spec.kind == "json_object":
+        return {"response_format": {"type": "json_object"}} if chat else {"json_schema": {"type": "object"}}
+    if spec.kind == "json_schema":
+        schema = json.loads(spec.source)
+        if chat:
+            return {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema,
+                                                                                "strict": True}}}  # fmt: skip
+        return {"json_schema": schema}
+    if spec.kind in ("gbnf", "lark"):
+        return {"grammar": spec.source}
+    raise RemoteError(f"a {spec.kind} constraint has no request field that servers share; use a JSON schema")
 
 
 def request_fields(settings: SamplingSettings, kind: ServerKind) -> dict[str, Any]:
@@ -265,6 +299,28 @@ class ChunkInfo:
     finish_reason: str | None
     usage: dict[str, Any] | None
     timings: dict[str, Any] | None
+    reasoning: str = ""  # delta.reasoning_content (llama-server, vLLM, DeepSeek) or delta.reasoning
+    calls: list[tuple[int, str, str, str]] = field(default_factory=list)  # (index, id, name, arguments) pieces
+
+
+def _call_deltas(delta: Mapping[str, Any], where: str) -> list[tuple[int, str, str, str]]:
+    """delta.tool_calls as (index, id, name, arguments) pieces; the id and name come once, arguments in parts."""
+    out = []
+    for i, c in enumerate(_get(delta, "tool_calls", list, where) or []):
+        at = f"{where}.tool_calls[{i}]"
+        if not isinstance(c, dict):
+            raise Malformed(f"{at} is not an object")
+        index = _get(c, "index", int, at)
+        fn = _get(c, "function", dict, at) or {}
+        out.append(
+            (
+                i if index is None else index,
+                _get(c, "id", str, at) or "",
+                _get(fn, "name", str, f"{at}.function") or "",
+                _get(fn, "arguments", str, f"{at}.function") or "",
+            )
+        )
+    return out
 
 
 def parse_chunk(chunk: object, chat: bool, n: int) -> ChunkInfo:
@@ -275,7 +331,7 @@ def parse_chunk(chunk: object, chat: bool, n: int) -> ChunkInfo:
     choices = _get(chunk, "choices", list, path) or []
     usage = _get(chunk, "usage", dict, path)
     timings = _get(chunk, "timings", dict, path)
-    piece, finish = None, None
+    piece, finish, reasoning, calls = None, None, "", []
     if choices:
         choice = choices[0]
         where = f"{path}.choices[0]"
@@ -285,13 +341,16 @@ def parse_chunk(chunk: object, chat: bool, n: int) -> ChunkInfo:
         if chat:
             delta = _get(choice, "delta", dict, where) or {}
             text = _get(delta, "content", str, f"{where}.delta")
+            reasoning = _get(delta, "reasoning_content", str, f"{where}.delta") or ""
+            reasoning = reasoning or _get(delta, "reasoning", str, f"{where}.delta") or ""
+            calls = _call_deltas(delta, f"{where}.delta")
             tokens = _chat_logprobs(choice, where)
         else:
             text = _get(choice, "text", str, where)
             tokens = _completion_logprobs(choice, where)
         if text:
             piece = Piece(text, tokens)
-    return ChunkInfo(piece, finish, usage, timings)
+    return ChunkInfo(piece, finish, usage, timings, reasoning, calls)
 
 
 def split_piece(piece: Piece) -> list[tuple[str, float, tuple[Alternative, ...]]]:
@@ -305,6 +364,22 @@ def split_piece(piece: Piece) -> list[tuple[str, float, tuple[Alternative, ...]]
 
 
 # ---- the backend ------------------------------------------------------------------------------------------
+
+
+def wire_message(m: Message) -> dict[str, Any]:
+    """A message in OpenAI's request shape, with its calls or the call it answers."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["content"] = m.content or None
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name and m.role == "tool":
+        out["name"] = m.name
+    return out
 
 
 def host_of(base_url: str) -> str:
@@ -361,16 +436,25 @@ class RemoteBackend:
         if stream is not None:
             _shut_down(stream)
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
-        body = {"messages": [{"role": m.role, "content": m.content} for m in messages]}
-        return self._generate("/chat/completions", body, chat=True)
+    def stream_reply(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        constraint: GrammarSpec | None = None,
+    ) -> Iterator[TokenEvent | TurnStats]:
+        body: dict[str, Any] = {"messages": [wire_message(m) for m in messages]}
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        return self._generate("/chat/completions", {**body, **constraint_fields(constraint, chat=True)}, chat=True)
 
     def stream_completion(
-        self, prompt: str, extra: Mapping[str, Any] | None = None
+        self, prompt: str, extra: Mapping[str, Any] | None = None, *, constraint: GrammarSpec | None = None
     ) -> Iterator[TokenEvent | TurnStats]:
         """A raw continuation of `prompt` (`/completions`): `chatapp run` without --chat. `extra`: more body
         fields (`chatapp bench` sends llama-server's ignore_eos)."""
-        return self._generate("/completions", {"prompt": prompt, **(extra or {})}, chat=False)
+        body = {"prompt": prompt, **constraint_fields(constraint, chat=False), **(extra or {})}
+        return self._generate("/completions", body, chat=False)
 
     def _body(self, body: dict[str, Any], chat: bool, logprobs: bool) -> dict[str, Any]:
         out = {"model": self.model_id, **body, **request_fields(self.settings, self.kind), **self.extra}
@@ -453,6 +537,8 @@ class RemoteBackend:
             _shut_down(stream)
         tokens: list[TokenEvent] = []
         text, finish, usage, timings, last = "", None, None, None, start
+        reasoning = ""
+        calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         try:
             for n, chunk in enumerate(stream):
                 if self._cancel.is_set():
@@ -461,8 +547,24 @@ class RemoteBackend:
                 usage = info.usage or usage
                 timings = info.timings or timings
                 finish = info.finish_reason or finish
+                for index, call_id, name, args in info.calls:
+                    call = calls.setdefault(index, ["", "", ""])
+                    call[0], call[1] = call[0] or call_id, call[1] or name
+                    call[2] += args
+                if info.reasoning:  # shown the way a local model's thinking is, kept apart in the stats
+                    now = self.clock()
+                    shown = ("<think>" if not reasoning else "") + info.reasoning
+                    reasoning += info.reasoning
+                    event = TokenEvent(-1, shown, (now - last) * 1000.0, 0.0, UNKNOWN_PROB, (), len(tokens))
+                    last = now
+                    tokens.append(event)
+                    yield event
                 if info.piece is None:
                     continue
+                if reasoning and not text:
+                    closing = TokenEvent(-1, "</think>\n\n", 0.0, 0.0, UNKNOWN_PROB, (), len(tokens))
+                    tokens.append(closing)
+                    yield closing
                 for piece, prob, top in split_piece(info.piece):
                     now = self.clock()
                     event = TokenEvent(-1, piece, (now - last) * 1000.0, 0.0, prob, top, len(tokens))
@@ -483,7 +585,9 @@ class RemoteBackend:
         cancelled = self._cancel.is_set()
         if finish is None and not cancelled:
             raise RemoteError(f"{self.where} sent a malformed stream: it ended before the reply finished")
-        yield self._stats(start, tokens, text, finish, usage, timings, cancelled=cancelled)
+        stats = self._stats(start, tokens, text, finish, usage, timings, cancelled=cancelled)
+        found = tuple(ToolCall(c[0] or f"call_{i}", c[1], c[2]) for i, c in sorted(calls.items()) if c[1])
+        yield replace(stats, tool_calls=found, reasoning=reasoning)
 
     def _stats(
         self,

@@ -60,25 +60,39 @@ def _say(msg: str) -> None:
 
 def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     """`chatapp run` on the server: the reply on stdout, the timing summary on stderr."""
-    from .cli import EXIT_INTERRUPTED, CliError, _ctrl_c_cancels, run_chat_reply
+    from .cli import (
+        EXIT_INTERRUPTED,
+        CliError,
+        _Constrained,
+        _ctrl_c_cancels,
+        print_calls,
+        reply_constraint,
+        run_chat_reply,
+        run_tools,
+    )
 
     if not args.prompt:
         raise CliError("the prompt is empty")
     for note in settings.sampling.validated()[1]:
         _say(f"warning: {note}")
+    constraint = reply_constraint(args)
+    tools = run_tools(args)
     backend = open_remote(args, settings, _say)
     stats = None
     if args.chat:
-        stats, interrupted = run_chat_reply(backend, settings, args.prompt)
+        chat = backend if constraint is None and tools is None else _Constrained(backend, constraint, tools)
+        stats, interrupted = run_chat_reply(chat, settings, args.prompt, yes=getattr(args, "yes", False))
+        print_calls(stats)
     else:
         print(args.prompt, end="", flush=True)
-        with _ctrl_c_cancels(backend.cancel) as interrupted:
-            for event in backend.stream_completion(args.prompt):
+        with _ctrl_c_cancels(backend.cancel) as pressed:
+            for event in backend.stream_completion(args.prompt, constraint=constraint):
                 if isinstance(event, TurnStats):
                     stats = event
                 else:
                     print(event.text, end="", flush=True)
         print(flush=True)
+        interrupted = bool(pressed)
     for warning in backend.warnings():
         _say(f"warning: {warning}")
     print_remote_summary(backend, stats, sys.stderr)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chatapp import paths
+from chatapp.mcp.config import McpConfigError, McpSettings, add_servers, read_mcp_json, settings_from_table
 
 if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
@@ -71,10 +72,12 @@ class AppSettings:
     draft_max: int = 16  # most tokens a drafter guesses per step
     draft_type: str = "file"  # a draft model's matrices as stored, or re-encoded at load to this type ("q4_0")
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
+    deterministic: bool = False  # prompts computed row by row as decoding does: logits independent of the cache
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
     models_folder: str = ""  # a folder of the user's own .gguf files, offered by the model picker; "" = none
     remote: RemoteSettings = RemoteSettings()  # enabled: replies come from that server, not the local engine
+    mcp: McpSettings = McpSettings()  # MCP servers whose tools the chat offers (`[mcp]`, `--mcp-config`)
     sources: tuple[str, ...] = ()  # what contributed, lowest precedence first (files, "command line")
 
 
@@ -104,6 +107,7 @@ _TOP_RULES: dict[str, _Rule] = {
     "draft_max": _Rule(int, lambda v: 1 <= v <= 256, "between 1 and 256"),
     "draft_type": _Rule(str, lambda v: v.strip().lower() in DRAFT_TYPES, f"one of {', '.join(DRAFT_TYPES)}"),
     "lookup": _Rule(bool),
+    "deterministic": _Rule(bool),
     "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
 }
 
@@ -225,9 +229,11 @@ def _merge_layer(
     source: str,
     path: Path | None,
     remote: dict[str, Any] | None = None,
+    mcp: list[McpSettings] | None = None,
 ) -> None:
-    """Check `layer` against the schema and copy its values over `merged` / `sampling` / `remote`."""
+    """Check `layer` against the schema and copy its values over `merged` / `sampling` / `remote` / `mcp[0]`."""
     remote = {} if remote is None else remote
+    mcp = [McpSettings()] if mcp is None else mcp
     from_cli = path is None
     sampling_rules = _sampling_rules()
 
@@ -248,7 +254,7 @@ def _merge_layer(
             f"{where(table, key)}: unknown key in {scope}{hint} (expected one of: {', '.join(known)})"
         )
 
-    tables = {"sampling": None, "remote": None}
+    tables = {"sampling": None, "remote": None, "mcp": None}
     for key, value in layer.items():
         if from_cli and value is None:
             continue  # an option the user did not give
@@ -266,6 +272,16 @@ def _merge_layer(
                 if sub_key not in _REMOTE_RULES:
                     raise unknown("remote", sub_key, _REMOTE_RULES)
                 remote[sub_key] = _coerce(sub_value, _REMOTE_RULES[sub_key], where("remote", sub_key), from_cli)
+        elif key == "mcp":
+            try:
+                mcp[0] = settings_from_table(value, where(None, key), mcp[0])
+            except McpConfigError as exc:
+                raise ConfigError(str(exc)) from None
+        elif key == "mcp_config":  # --mcp-config FILE: its servers join the config's
+            try:
+                mcp[0] = add_servers(mcp[0], read_mcp_json(Path(value)))
+            except McpConfigError as exc:
+                raise ConfigError(str(exc)) from None
         elif table == "sampling" or (table is None and from_cli and key in sampling_rules):
             if sub not in sampling_rules:
                 raise unknown("sampling", sub, sampling_rules)
@@ -339,7 +355,8 @@ def load_settings(
     merged: dict[str, Any] = {}
     sampling: dict[str, Any] = {}
     remote: dict[str, Any] = {}
-    _merge_layer(merged, sampling, read_toml(defaults), str(defaults), defaults, remote)
+    mcp = [McpSettings()]
+    _merge_layer(merged, sampling, read_toml(defaults), str(defaults), defaults, remote, mcp)
     missing = [k for k in _TOP_RULES if k not in merged]
     missing += [f"sampling.{k}" for k in _sampling_rules() if k not in sampling]
     if missing:
@@ -349,7 +366,7 @@ def load_settings(
     explicit = config_file is not None
     config_file = paths.user_config_file() if config_file is None else config_file
     if explicit or config_file.exists():
-        _merge_layer(merged, sampling, read_toml(config_file), str(config_file), config_file, remote)
+        _merge_layer(merged, sampling, read_toml(config_file), str(config_file), config_file, remote, mcp)
         sources.append(str(config_file))
 
     environ = os.environ if environ is None else environ
@@ -359,7 +376,7 @@ def load_settings(
         sources.append(ENVIRONMENT)
 
     if cli_overrides:
-        _merge_layer(merged, sampling, cli_overrides, CLI, None, remote)
+        _merge_layer(merged, sampling, cli_overrides, CLI, None, remote, mcp)
         sources.append(CLI)
 
     from engine.sampling import SamplingSettings
@@ -367,5 +384,9 @@ def load_settings(
     if merged["device"] == "gpu":
         merged["device"] = "cuda"
     return AppSettings(
-        **merged, sampling=SamplingSettings(**sampling), remote=RemoteSettings(**remote), sources=tuple(sources)
+        **merged,
+        sampling=SamplingSettings(**sampling),
+        remote=RemoteSettings(**remote),
+        mcp=mcp[0],
+        sources=tuple(sources),
     )

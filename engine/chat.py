@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from .constraint import ConstraintState, GrammarSpec, compile_grammar
+from .errors import SettingsError
 from .events import (
     STOP_CANCELLED,
     STOP_CONTEXT,
@@ -25,6 +27,7 @@ from .events import (
     Alternative,
     Message,
     TokenEvent,
+    ToolSpec,
     TurnStats,
 )
 from .kv_store import KVStore, template_sha256
@@ -33,6 +36,11 @@ from .sampling import Sampler, SamplingSettings
 from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
+from .tokenizer import Tokenizer
+from .tool_calls import parse_reply
+from .tool_calls import prompt as tool_prompt
+from .tool_calls.reasoning import split_reasoning
+from .untrusted_text import RenderedPrompt
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
@@ -68,6 +76,7 @@ class ChatSession:
             bos_token=tok.detokenize([tok.bos_id]) if tok.bos_id is not None else "",
             eos_token=tok.detokenize([tok.eos_id]) if tok.eos_id is not None else "",
             special_tokens=tok.special_texts,
+            control_tokens=tok.control_texts,
         )
         self.settings = settings or SamplingSettings()
         """Replaced (never mutated) from any thread; read before every sampled token."""
@@ -76,6 +85,7 @@ class ChatSession:
         self._dropped = 0  # oldest non-system messages left out last turn; kept out so the prefix stays stable
         self._dropped_now = False
         self._warned: set[str] = set()
+        self._tools: tuple[ToolSpec, ...] = ()  # the current turn's tools (the prompt is refitted with them)
         self.stop_ids = set(tok.eot_ids)
         for text in self.template.end_of_turn_strings():
             ids = tok.tokenize(text, special=True)
@@ -106,13 +116,16 @@ class ChatSession:
         self._warned.update(fresh)
         return fresh
 
-    def prompt_tokens(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]:
-        """The conversation rendered through the model's template, tokenized with special tokens."""
-        tok = self.model.tokenizer
-        ids = tok.tokenize(self.template.render(messages, add_generation_prompt), special=True)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids.insert(0, tok.bos_id)
-        return ids
+    def prompt_tokens(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> list[int]:
+        """The conversation rendered through the model's template: its markers are control tokens, the messages'
+        and tools' own text is text (see engine.untrusted_text)."""
+        prompt = tool_prompt.render(self.template, messages, tools, None, add_generation_prompt)
+        return prompt_ids(self.model.tokenizer, prompt)
 
     def save_cache(self) -> Path | None:
         """Write the KV cache to `kv_store` (keyed to the model file, the template and the ids); its path."""
@@ -135,27 +148,58 @@ class ChatSession:
         """What the app calls the model: `display_name` when the caller set one, else the file's own name."""
         return self.display_name or self.model.name
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
-        """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats."""
+    def stream_reply(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        *,
+        constraint: GrammarSpec | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+    ) -> Iterator[TokenEvent | TurnStats]:
+        """Generate the assistant's reply to `messages`; TokenEvents, then one TurnStats.
+
+        With `tools` the template is given them, and the finished reply is read for calls in the model's own
+        format: TurnStats.tool_calls holds them, `reasoning` any thinking block, and `reply` the text around them.
+        constraint: a grammar the reply must match (engine.constraint); the reply ends when it is complete.
+        logit_bias: token id -> value added to its logit before sampling; -100 or less bans the token.
+        Raises GrammarError (bad constraint) or SettingsError (bad logit_bias) before any token.
+        """
+        shaper = _LogitShaper.build(self.model.tokenizer, constraint, logit_bias)
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
         reserve = self._reply_reserve(valid)
+        self._tools = tuple(tools or ())
         prompt, _ = self._fit(list(messages), reserve)
         if prompt is None:
             self._cancel.clear()
             yield self._stats(0, 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
             return
-        yield from self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes)
+        turn = self._generate(prompt, list(messages), reserve, int(self._dropped_now), t_start, notes, shaper)
+        for event in turn:
+            if isinstance(event, TurnStats) and self._tools:
+                reasoning, answer = split_reasoning(event.reply)
+                parsed = parse_reply(answer, tool_prompt.call_format(self.template))
+                event = replace(event, reply=parsed.content, tool_calls=parsed.calls, reasoning=reasoning)
+            yield event
 
-    def stream_completion(self, prompt: Sequence[int]) -> Iterator[TokenEvent | TurnStats]:
-        """Continue raw token ids (no template); stops with 'context' when the cache is full."""
+    def stream_completion(
+        self,
+        prompt: Sequence[int],
+        *,
+        constraint: GrammarSpec | None = None,
+        logit_bias: Mapping[int, float] | None = None,
+    ) -> Iterator[TokenEvent | TurnStats]:
+        """Continue raw token ids (no template); stops with 'context' when the cache is full.
+
+        `constraint` and `logit_bias` as in `stream_reply`."""
+        shaper = _LogitShaper.build(self.model.tokenizer, constraint, logit_bias)
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
         if len(prompt) >= self.n_ctx:
             self._cancel.clear()
             yield self._stats(len(prompt), 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
             return
-        yield from self._generate(list(prompt), None, 0, 0, t_start, notes)
+        yield from self._generate(list(prompt), None, 0, 0, t_start, notes, shaper)
 
     def _generate(
         self,
@@ -165,6 +209,7 @@ class ChatSession:
         shifts: int,
         t_start: float,
         notes: list[str],
+        shaper: _LogitShaper | None = None,
     ) -> Iterator[TokenEvent | TurnStats]:
         """Prefill what the cache lacks of `prompt`, then sample until a stop (`messages`: for shifts)."""
         self._cancel.clear()
@@ -202,6 +247,7 @@ class ChatSession:
         ttft_ms = 0.0
         t_decode = time.perf_counter()
         stop = STOP_LENGTH
+        state = shaper.start() if shaper is not None else None
         while True:
             if self._cancel.is_set():
                 stop = STOP_CANCELLED
@@ -215,6 +261,8 @@ class ChatSession:
             last_n = valid.repeat_last_n
             recent = () if last_n == 0 else (prompt + generated)[-last_n:] if last_n > 0 else prompt + generated
             drafted = False
+            if shaper is not None:
+                shaper.shape(logits, state)
             if queue:
                 guess, after = queue[0]
                 res, drafted = sampler.sample_draft(logits, settings, recent, guess)
@@ -230,6 +278,10 @@ class ChatSession:
                     queue.clear()
             else:
                 res = sampler.sample(logits, settings, recent)
+            if state is not None and res.token_id not in self.stop_ids:
+                while not state.accept(res.token_id):  # only a lazy grammar's trigger token can be refused here
+                    logits[res.token_id] = -np.inf
+                    res = sampler.sample(logits, settings, recent)
             sample_ms = (time.perf_counter() - t1) * 1000
             if res.token_id in self.stop_ids:
                 stop = STOP_EOS
@@ -256,6 +308,9 @@ class ChatSession:
             if cut is not None:
                 stop = STOP_STRING
                 break
+            if state is not None and state.is_finished():  # the grammar allows nothing more: the reply is whole
+                stop = STOP_EOS
+                break
             if 0 < valid.max_tokens <= len(generated):
                 stop = STOP_LENGTH
                 break
@@ -274,6 +329,8 @@ class ChatSession:
                 continue
             t2 = time.perf_counter()
             guesses = self._draft(drafter, prompt + generated, valid, len(generated), position)
+            if guesses and state is not None:  # a guess the grammar refuses could never be accepted: cut there
+                guesses = guesses[: state.valid_prefix(guesses)]
             if guesses:
                 rows = self.session.eval_all([res.token_id, *guesses])  # (1 + len(guesses), n_vocab)
                 logits = rows[0]
@@ -394,7 +451,7 @@ class ChatSession:
         budget = self.n_ctx - reserve
         while True:
             kept = system + rest[drop:]
-            prompt = self.prompt_tokens(kept)
+            prompt = self.prompt_tokens(kept, tools=self._tools)
             if len(prompt) <= budget:
                 if drop != self._dropped:
                     self._dropped_now = drop > self._dropped
@@ -427,3 +484,49 @@ class ChatSession:
         self.session.truncate(keep)
         logits = self.session.eval(sequence[keep:])
         return new_prompt, logits
+
+
+def prompt_ids(tok: Tokenizer, prompt: RenderedPrompt) -> list[int]:
+    """A rendered chat prompt's token ids: special tokens on outside its plain spans, BOS first where the model
+    wants one and the template did not write it."""
+    ids = tok.tokenize(prompt.text, special=True, plain_spans=prompt.plain_spans)
+    if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids
+
+
+class _LogitShaper:
+    """What changes the logits before sampling, for one reply: a logit bias and a grammar's mask."""
+
+    def __init__(self, bias: tuple[np.ndarray, np.ndarray] | None, grammar: object | None) -> None:
+        self._bias = bias  # (ids, values); -inf bans
+        self._grammar = grammar
+
+    @classmethod
+    def build(
+        cls, tokenizer: object, constraint: GrammarSpec | None, logit_bias: Mapping[int, float] | None
+    ) -> _LogitShaper | None:
+        bias = None
+        if logit_bias:
+            n = tokenizer.n_vocab
+            for token_id, value in logit_bias.items():
+                if not 0 <= int(token_id) < n:
+                    raise SettingsError(f"logit_bias: token id {token_id} is outside the vocabulary (0 to {n - 1})")
+                if not -100 <= value <= 100:
+                    raise SettingsError(f"logit_bias: value {value} for token {token_id} is not between -100 and 100")
+            ids = np.fromiter((int(t) for t in logit_bias), dtype=np.int64)
+            values = np.array([-np.inf if v <= -100 else v for v in logit_bias.values()], dtype=np.float32)
+            bias = (ids, values)
+        grammar = compile_grammar(tokenizer, constraint) if constraint is not None else None
+        return cls(bias, grammar) if bias is not None or grammar is not None else None
+
+    def start(self) -> ConstraintState | None:
+        return self._grammar.start() if self._grammar is not None else None
+
+    def shape(self, logits: np.ndarray, state: ConstraintState | None) -> None:
+        """Bias, then mask `logits` in place (the grammar has the last word: a bias never un-bans a token)."""
+        if self._bias is not None:
+            ids, values = self._bias
+            logits[ids] += values
+        if state is not None:
+            state.mask_logits(logits)

@@ -19,3 +19,7 @@ class SettingsError(EngineError):
 
 class TemplateError(EngineError):
     """A chat template that cannot be rendered."""
+
+
+class GrammarError(EngineError):
+    """A constraint that cannot be compiled: a bad JSON schema, grammar or regex."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -146,12 +145,6 @@ class KVCache:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
-@dataclass(frozen=True)
-class LoadInfo:
-    load_s: float  # wall time of load_model
-    warnings: tuple[str, ...]
-
-
 class Model:
     """A loaded model: weights mapped from the file, tokenizer, and the forward pass."""
 
@@ -187,6 +180,11 @@ class Model:
             self._rope = [local if is_local else (self._cos, self._sin) for is_local in cfg.local]
         self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, rope_dim, cfg.spec.rope_neox)
         self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
+        # With deterministic, every prompt row is computed as decoding its token alone computes it, bit for bit
+        # (`forward`'s rowwise): logits then do not depend on how a prompt was split into passes or on what the
+        # cache held before. Off by default: one-token attention rows cost Qwen2.5-Coder-1.5B's prefill far more
+        # than 5 % past a few hundred positions (benchmarks/results/deterministic-prefill-intel-xeon.md).
+        self.deterministic = False
         self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
@@ -250,7 +248,7 @@ class Model:
         of up to kernels.SHORT_PASS tokens are so anyway).
         """
         with self._lock:
-            logits = self._forward(ids, cache, start, last_only, rowwise)
+            logits = self._forward(ids, cache, start, last_only, rowwise or self.deterministic)
             if cache.ring_rows is not None:  # positions before this are overwritten in the rings
                 cache.low = max(cache.low, start + len(ids) - cache.ring_rows)
             return logits

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +29,8 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import TemplateError
-from engine.events import Message
+from engine.events import Message, ToolSpec
+from engine.untrusted_text import RenderedPrompt, TextGuard
 
 MAX_SOURCE_CHARS = 1_000_000  # real templates are a few KB
 MAX_OUTPUT_CHARS = 1_000_000  # a prompt this long is far beyond any context window
@@ -224,13 +225,20 @@ class ChatTemplate:
     """A model's chat template, or a built-in turn format when the model has none or its template fails."""
 
     def __init__(
-        self, source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+        self,
+        source: str | None,
+        bos_token: str,
+        eos_token: str,
+        special_tokens: Collection[str] = (),
+        control_tokens: Collection[str] = (),
     ) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.fallback = fallback_format(special_tokens)
         """What renders the conversation when the template cannot: chosen from the vocabulary's special tokens."""
+        self.guard = TextGuard(control_tokens)
+        """Keeps the conversation's text from becoming control tokens (`render_prompt`)."""
         self.warning: str | None = None
         """Why the model's template is not used, set once; None while it works."""
         self._template: Any = None
@@ -249,32 +257,63 @@ class ChatTemplate:
 
     @classmethod
     def from_metadata(
-        cls, template_source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+        cls,
+        template_source: str | None,
+        bos_token: str,
+        eos_token: str,
+        special_tokens: Collection[str] = (),
+        control_tokens: Collection[str] = (),
     ) -> ChatTemplate:
-        """Build from the GGUF's `tokenizer.chat_template`, the BOS/EOS token texts and the special tokens' texts."""
-        return cls(template_source, bos_token, eos_token, special_tokens)
+        """Build from the GGUF's `tokenizer.chat_template`, the BOS/EOS token texts, the special tokens' texts and
+        the control tokens' texts (those that only the template may write)."""
+        return cls(template_source, bos_token, eos_token, special_tokens, control_tokens)
 
     @property
     def uses_fallback(self) -> bool:
         return self._template is None
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text for `messages`, ending with the assistant's turn opener if asked.
+
+        `tools` reach the template as `tools`, and `kwargs` (a request's `chat_template_kwargs`, such as
+        `enable_thinking`) as variables of their own, as transformers' `apply_chat_template` passes them.
 
         The first failure switches this template to its fallback format for good: the prompt for earlier turns must not
         change format mid-conversation (the KV cache reuses it), and a hostile template runs only once.
         """
-        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        dicts = [message_dict(m) for m in messages]
         if self._template is not None:
             try:
-                text = self._render(dicts, add_generation_prompt)
+                text = self._render(dicts, add_generation_prompt, tools, kwargs)
             except (Exception, _RenderTimeout) as e:  # SecurityError, UndefinedError, TemplateError, ...
                 self._fail(f"chat template failed ({_describe(e)})")
             else:
                 if text.strip():
                     return text
                 self._fail("chat template rendered an empty prompt")
-        return self.fallback.render(dicts, add_generation_prompt)
+        return self.fallback.render([_plain(d) for d in dicts], add_generation_prompt)
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        """`render`, with the spans where the messages' own text (and the tools' and kwargs' text) landed: tokenize
+        the text with special tokens on and these spans as plain text, so only the template's markers become
+        control tokens."""
+        guard = self.guard
+        marked_tools = guard.mark(list(tools)) if tools else tools
+        marked_kwargs = guard.mark(dict(kwargs)) if kwargs else kwargs
+        text = self.render(guard.mark(list(messages)), add_generation_prompt, marked_tools, marked_kwargs)
+        return guard.unmark(text)
 
     def end_of_turn_strings(self) -> list[str]:
         """Strings the template closes an assistant turn with (e.g. '<|im_end|>', '<|eot_id|>', '</s>').
@@ -291,9 +330,17 @@ class ChatTemplate:
             self._end_strings = found or ([self.eos_token] if self.eos_token else [])
         return list(self._end_strings)
 
-    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         context = {
+            **(kwargs or {}),  # first: a kwarg never replaces the conversation itself
             "messages": messages,
+            "tools": [dict(t) for t in tools] if tools else None,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
@@ -312,6 +359,39 @@ class ChatTemplate:
         self._template = None
         if self.warning is None:
             self.warning = f"{reason}; using {self.fallback.name}"
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """A message as chat templates read it (transformers' shape): calls' arguments as objects when they parse."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            try:
+                args: Any = json.loads(c.arguments)
+            except ValueError:
+                args = c.arguments
+            calls.append({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}})
+        d["tool_calls"] = calls
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name:
+        d["name"] = m.name
+    if m.reasoning:
+        d["reasoning_content"] = m.reasoning
+    return d
+
+
+def _plain(d: dict[str, Any]) -> dict[str, str]:
+    """A message for a built-in turn format, which has no tool syntax: calls as JSON text, results as user text."""
+    content = d["content"]
+    if d.get("tool_calls"):
+        calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in d["tool_calls"]]
+        content = (content + "\n" if content else "") + json.dumps({"tool_calls": calls}, ensure_ascii=False)
+    role = d["role"]
+    if role == "tool":
+        role, content = "user", f"Result of {d.get('name') or 'the call'}: {content}"
+    return {"role": role, "content": content}
 
 
 def _describe(e: BaseException) -> str:

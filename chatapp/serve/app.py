@@ -6,6 +6,7 @@ unexpected 500 without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import math
@@ -25,14 +26,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engine.constraint import compile_grammar
+from engine.errors import GrammarError
 from engine.events import TurnStats
 from engine.sampling import SamplingSettings
+from engine.tool_calls import CallFormat, parse_reply
+from engine.tool_calls.reasoning import ReasoningStream, split_reasoning
+from engine.tool_calls.stream import CallStream, Delta
 
 from . import formats
+from . import tools as tool_shapes
 from .lengths import fewest_tokens, longest_token_bytes
 from .prompts import Prompter
 from .scheduler import Job, Scheduler
-from .schema import ApiError, Generation, parse_chat, parse_completion
+from .schema import ApiError, Generation, check_logit_bias, parse_chat, parse_completion
 from .streaming import EventStream, collect, sse
 
 MAX_BODY_BYTES = 4 << 20  # far more than any prompt that fits a context; a bigger body is refused (413)
@@ -130,6 +137,19 @@ def _reply_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+async def _check_generation(service: Service, gen: Generation) -> None:
+    """400 for a bad grammar or logit_bias, before the request queues (compiling also warms the cache)."""
+    model = service.scheduler.model
+    if model is None:
+        return
+    check_logit_bias(gen, model.tokenizer.n_vocab)
+    if gen.constraint is not None:
+        try:
+            await run_in_threadpool(compile_grammar, model.tokenizer, gen.constraint)
+        except GrammarError as e:
+            raise ApiError(400, f"{gen.constraint_param}: {e}", param=gen.constraint_param) from None
+
+
 def _submit(service: Service, prompt: list[int], gen: Generation, request_id: str, param: str) -> Job:
     service.check_fits(prompt, param)
     job = Job(prompt, gen, request_id)
@@ -165,38 +185,92 @@ async def chat_completions(request: Request) -> Response | EventStream:
     prompter = service.prompter()
     req = parse_chat(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
+    tr = req.tools
+    fmt = prompter.call_format
+    prefix = ""  # the reply's forced start, written into the prompt (none: the calls' grammar forces it)
+    gen = req.gen
+    if tr.active:
+        if gen.constraint is not None:
+            param = gen.constraint_param
+            raise ApiError(400, f"{param}: cannot be combined with tools", param=param)
+        gen = dataclasses.replace(gen, constraint=tr.constraint(fmt), constraint_param="tools")
+    await _check_generation(service, gen)
+    tools = tr.tools if tr.active else None
     service.check_bytes([m.content for m in req.messages], "messages")  # before the template sees megabytes
-    prompt = await run_in_threadpool(prompter.chat, req.messages)  # templating and tokenizing: off the loop
+    # templating and tokenizing: off the loop
+    prompt = await run_in_threadpool(prompter.chat, req.messages, tools, tr.template_kwargs, prefix)
+    thinking = await run_in_threadpool(prompter.opens_thinking, tr.template_kwargs)
     head = {"id": _reply_id("chatcmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, req.gen, head["id"], "messages")
-    if req.gen.stream:
-        return EventStream(job, _chat_chunks(job, req.gen, head))
+    job = _submit(service, prompt, gen, head["id"], "messages")
+    if gen.stream:
+        return EventStream(job, _chat_chunks(job, gen, head, ReplyShape(tr, fmt, prefix, thinking)))
     tokens, stats = await collect(job, request.receive)
     n_top = req.gen.n_logprobs
     logprobs = {"content": [formats.chat_logprob(t, n_top) for t in tokens]} if n_top is not None else None
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": stats.reply},
-        "logprobs": logprobs,
-        "finish_reason": formats.finish_reason(stats),
-    }
+    reasoning, answer = split_reasoning(stats.reply, thinking)
+    message: dict[str, Any] = {"role": "assistant", "content": answer}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    finish = formats.finish_reason(stats)
+    if tr.active:
+        parsed = parse_reply(prefix + answer, fmt)
+        calls = tool_shapes.kept(parsed.calls, tr)
+        if calls:
+            message["content"] = parsed.content or None
+            message["tool_calls"] = [tool_shapes.call_json(c) for c in calls]
+            finish = "tool_calls" if finish == "stop" else finish
+        elif prefix:  # a forced call that did not parse: the client sees all the model wrote
+            message["content"] = prefix + answer
+    choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return JSONResponse(_final(head, "chat.completion", choice, stats))
 
 
-async def _chat_chunks(job: Job, gen: Generation, head: dict[str, Any]) -> AsyncGenerator[str]:
+@dataclass(frozen=True)
+class ReplyShape:
+    """How a chat reply is split while it streams: its call format, forced opening and thinking block."""
+
+    tools: tool_shapes.ToolRequest
+    fmt: CallFormat
+    prefix: str
+    thinking: bool
+
+
+async def _chat_chunks(job: Job, gen: Generation, head: dict[str, Any], shape: ReplyShape) -> AsyncGenerator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse({**head, "object": "chat.completion.chunk", "choices": [choice]})
 
     held = formats.HeldText(gen.stop)
+    think = ReasoningStream(shape.thinking)
+    calls = CallStream(shape.fmt, shape.prefix) if shape.tools.active else None
+    n_calls = 0
+
+    def deltas(text: str) -> list[dict[str, Any]]:
+        nonlocal n_calls
+        reasoning, answer = think.push(text)
+        out: list[dict[str, Any]] = [{"reasoning_content": reasoning}] if reasoning else []
+        if calls is None:
+            return out + ([{"content": answer}] if answer else [])
+        for d in calls.push(answer):
+            out.extend(_call_delta(d, shape.tools))
+        n_calls = len(calls.ids)
+        return out
+
     yield chunk({"role": "assistant", "content": ""})
     try:
         async for item in job.stream():
             if isinstance(item, TurnStats):
-                rest = held.finish(item.reply)
-                if rest:
-                    yield chunk({"content": rest})
-                yield chunk({}, formats.finish_reason(item))
+                for d in deltas(held.finish(item.reply)):
+                    yield chunk(d)
+                finish = formats.finish_reason(item)
+                if calls is not None:
+                    owed, parsed = calls.finish(shape.prefix + split_reasoning(item.reply, shape.thinking)[1])
+                    for d in owed:
+                        for part in _call_delta(d, shape.tools):
+                            yield chunk(part)
+                    if tool_shapes.kept(parsed.calls, shape.tools) and finish == "stop":
+                        finish = "tool_calls"
+                yield chunk({}, finish)
                 if gen.include_usage:
                     final = {**head, "object": "chat.completion.chunk", "choices": []}
                     yield sse({**final, "usage": formats.usage(item), "timings": formats.timings(item)})
@@ -204,11 +278,22 @@ async def _chat_chunks(job: Job, gen: Generation, head: dict[str, Any]) -> Async
             text = held.push(item.event.text)
             n_top = gen.n_logprobs
             logprobs = {"content": [formats.chat_logprob(item, n_top)]} if n_top is not None else None
-            if text or logprobs:
-                yield chunk({"content": text}, logprobs=logprobs)
+            parts = deltas(text)
+            if logprobs and not parts:
+                parts = [{"content": ""}]
+            for i, d in enumerate(parts):
+                yield chunk(d, logprobs=logprobs if i == 0 else None)
     except ApiError as e:
         yield sse(e.body())
     yield "data: [DONE]\n\n"
+
+
+def _call_delta(d: Delta, tools: tool_shapes.ToolRequest) -> list[dict[str, Any]]:
+    if d.index < 0:
+        return [{"content": d.content}] if d.content else []
+    if d.index > 0 and not tools.parallel:
+        return []
+    return [{"tool_calls": [tool_shapes.delta_json(d)]}]
 
 
 async def completions(request: Request) -> Response | EventStream:
@@ -216,6 +301,7 @@ async def completions(request: Request) -> Response | EventStream:
     prompter = service.prompter()
     req = parse_completion(await read_json(request, service.max_body), service.defaults)
     service.check_model(req.gen.model)
+    await _check_generation(service, req.gen)
     if isinstance(req.prompt, str):
         service.check_bytes([req.prompt], "prompt")
     else:

@@ -4,10 +4,15 @@ wants one), token ids checked against the vocabulary."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from engine.events import Message
+from engine.chat import prompt_ids
+from engine.events import Message, ToolSpec
+from engine.tool_calls import CallFormat
+from engine.tool_calls import prompt as tool_prompt
+from engine.tool_calls.reasoning import opens_thinking
 
 from .schema import ApiError, check_token_ids
 
@@ -23,16 +28,35 @@ class Prompter:
         self.model = model
         self.template = template
 
-    def chat(self, messages: Sequence[Message]) -> list[int]:
+    def chat(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        prefix: str = "",
+    ) -> list[int]:
+        """The prompt's ids: the messages and `tools` through the template (with its `kwargs`), then `prefix`,
+        the forced start of the reply."""
         # A template that raises switches itself to its fallback format for good (right for one conversation). Here one
         # client's odd messages must not change every later prompt, so each render gets a copy, and a template
         # that refuses the messages is the client's error.
         template = copy.copy(self.template)
-        text = template.render(messages, add_generation_prompt=True)
+        prompt = tool_prompt.render(template, messages, tools, kwargs)
         if template.uses_fallback and not self.template.uses_fallback:
             message = f"messages: the model's chat template refused them: {template.warning}"
             raise ApiError(400, message, param="messages")
-        return self._with_bos(self.model.tokenize(text, special=True))
+        # The messages' and tools' text is text, never control tokens; the prefix is ours.
+        return prompt_ids(self.model.tokenizer, replace(prompt, text=prompt.text + prefix))
+
+    @property
+    def call_format(self) -> CallFormat:
+        return tool_prompt.call_format(self.template)
+
+    def opens_thinking(self, kwargs: Mapping[str, Any] | None) -> bool:
+        """Whether the generation prompt itself opens a `<think>` block (then the reply starts inside it)."""
+        template = copy.copy(self.template)
+        probe = template.render([Message("user", "x")], add_generation_prompt=True, kwargs=kwargs)
+        return opens_thinking(probe)
 
     def text(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -183,7 +183,8 @@ class Scheduler:
         slot.busy, slot.last_request = True, job.request_id
         job._chat = chat
         try:
-            for event in chat.stream_completion(job.prompt):
+            bias = dict(job.gen.logit_bias) or None
+            for event in chat.stream_completion(job.prompt, constraint=job.gen.constraint, logit_bias=bias):
                 if job.cancelled:  # a cancel that came before the session cleared its flag at the start
                     chat.cancel()
                 if isinstance(event, TurnStats):

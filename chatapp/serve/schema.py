@@ -8,16 +8,19 @@ config.toml and the command line.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.constraint import GrammarSpec
 from engine.events import Message
 from engine.sampling import N_TOP, SamplingSettings
 
 from ..settings import ConfigError, _coerce, _sampling_rules
+from .tools import ToolRequest, parse_calls, parse_tools
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = N_TOP  # the engine reports this many alternatives per token
 
@@ -72,12 +75,16 @@ class Generation:
     include_usage: bool  # stream_options.include_usage
     n_logprobs: int | None  # None: no logprobs; else how many alternatives per token (0..MAX_TOP_LOGPROBS)
     ignore_eos: bool  # llama-server's: the end-of-turn token does not end the reply
+    constraint: GrammarSpec | None = None  # response_format, or llama-server's grammar / json_schema
+    constraint_param: str = ""  # the request field the constraint came from, for errors that name it
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias); -100 bans
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[Message, ...]
     gen: Generation
+    tools: ToolRequest = ToolRequest()
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,117 @@ def _generation(body: Mapping[str, Any], defaults: SamplingSettings, n_logprobs:
     options = _field(body, "stream_options", dict, "an object") or {}
     include_usage = bool(_field(options, "include_usage", bool, "a boolean"))
     ignore_eos = bool(_field(body, "ignore_eos", bool, "a boolean"))
-    return Generation(model, _sampling(body, defaults), _stop(body), stream, include_usage, n_logprobs, ignore_eos)
+    _refuse_unsupported(body)
+    constraint, param = _constraint(body)
+    return Generation(
+        model,
+        _sampling(body, defaults),
+        _stop(body),
+        stream,
+        include_usage,
+        n_logprobs,
+        ignore_eos,
+        constraint,
+        param,
+        _logit_bias(body),
+    )
+
+
+# Fields that change what the reply must be, which this server does not implement: a 400 naming the field, never
+# a 200 that ignores it. A field given with its "no effect" value passes (some clients always send it).
+_UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "functions": (([],), "function calls are not supported"),
+    "function_call": (("none", "auto"), "function calls are not supported"),
+    "audio": ((), "audio output is not supported"),
+    "modalities": ((["text"],), "only the text modality is supported"),
+    "grammar_lazy": ((False,), "lazy grammars are not supported in requests"),
+    "grammar_triggers": (([],), "lazy grammars are not supported in requests"),
+    "suffix": (("",), "inserting before a suffix is not supported"),
+    "n_probs": ((0,), "use logprobs and top_logprobs"),
+    "post_sampling_probs": ((False,), "use logprobs and top_logprobs"),
+    "guided_json": ((), "use response_format or json_schema"),
+    "guided_regex": ((), "use response_format or grammar"),
+    "guided_choice": ((), "use response_format or grammar"),
+    "guided_grammar": ((), "use grammar"),
+}
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    for name, (harmless, why) in _UNSUPPORTED.items():
+        value = body.get(name)
+        if value is None or any(value == h and type(value) is type(h) for h in harmless):
+            continue
+        raise ApiError(400, f"{name}: {why or 'not supported'}", param=name, code="unsupported_field")
+
+
+def _constraint(body: Mapping[str, Any]) -> tuple[GrammarSpec | None, str]:
+    """The reply's grammar from response_format, or llama-server's grammar / json_schema (at most one)."""
+    given = [name for name in ("response_format", "grammar", "json_schema") if body.get(name) is not None]
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") == "text" and given == ["response_format"]:
+        return None, ""
+    if len(given) > 1:
+        raise _bad(given[1], f"give one of response_format, grammar and json_schema, not {' and '.join(given)}")
+    if not given:
+        return None, ""
+    name = given[0]
+    if name == "grammar":
+        grammar = _field(body, "grammar", str, "a string (a GBNF grammar)")
+        return (GrammarSpec("gbnf", grammar), "grammar") if grammar.strip() else (None, "")
+    if name == "json_schema":
+        return GrammarSpec("json_schema", _schema_text(body["json_schema"], "json_schema")), "json_schema"
+    rf = _field(body, "response_format", dict, "an object")
+    kind = rf.get("type")
+    if kind == "text":
+        return None, ""
+    if kind == "json_object":
+        schema = rf.get("schema")  # llama-server also takes a schema here
+        if schema is not None:
+            return GrammarSpec("json_schema", _schema_text(schema, "response_format.schema")), "response_format.schema"
+        return GrammarSpec("json_object"), "response_format"
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise _bad("response_format.json_schema", f"expected an object, got {_type_name(js)}")
+        if js.get("name") is not None and not isinstance(js["name"], str):
+            raise _bad("response_format.json_schema.name", f"expected a string, got {_type_name(js['name'])}")
+        if js.get("strict") is not None and not isinstance(js["strict"], bool):
+            raise _bad("response_format.json_schema.strict", f"expected a boolean, got {_type_name(js['strict'])}")
+        # Constrained decoding always holds the reply to the schema, so strict true and false both get that.
+        where = "response_format.json_schema.schema"
+        schema = js.get("schema")
+        if schema is None:
+            raise _bad(where, "is required")
+        return GrammarSpec("json_schema", _schema_text(schema, where)), where
+    raise _bad("response_format.type", f"expected 'text', 'json_object' or 'json_schema', got {kind!r}")
+
+
+def _schema_text(schema: Any, where: str) -> str:
+    if not isinstance(schema, dict | bool):
+        raise _bad(where, f"expected a JSON schema (an object), got {_type_name(schema)}")
+    return json.dumps(schema)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: token ids (as strings) to values from -100 to 100."""
+    raw = _field(body, "logit_bias", dict, "an object mapping token ids to numbers")
+    if raw is None:
+        return ()
+    out = []
+    for key, value in raw.items():
+        where = f"logit_bias[{key!r}]"
+        if not (isinstance(key, str) and key.lstrip("-").isdigit()):
+            raise _bad("logit_bias", f"keys must be token ids, got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise _bad(where, f"expected a number from -100 to 100, got {value!r}")
+        out.append((int(key), float(value)))
+    return tuple(out)
+
+
+def check_logit_bias(gen: Generation, n_vocab: int) -> None:
+    for token_id, _ in gen.logit_bias:
+        if not 0 <= token_id < n_vocab:
+            raise _bad("logit_bias", f"token id {token_id} is outside the vocabulary (0 to {n_vocab - 1})")
 
 
 def _content(value: Any, where: str) -> str:
@@ -190,7 +307,17 @@ def parse_chat(body: Mapping[str, Any], defaults: SamplingSettings) -> ChatReque
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
-        messages.append(Message(ROLES[role], _content(content, f"{where}.content")))
+        text = _content(content, f"{where}.content")
+        calls = parse_calls(m["tool_calls"], f"{where}.tool_calls") if m.get("tool_calls") else ()
+        if calls and role != "assistant":
+            raise _bad(f"{where}.tool_calls", "only an assistant message carries tool calls")
+        call_id = m.get("tool_call_id") or ""
+        name = m.get("name") or ""
+        if not isinstance(call_id, str) or not isinstance(name, str):
+            raise _bad(f"{where}.tool_call_id", "expected a string")
+        reasoning = m.get("reasoning_content")
+        reasoning = reasoning if isinstance(reasoning, str) else ""
+        messages.append(Message(ROLES[role], text, calls, call_id, name, reasoning))
     n_logprobs = None
     if _field(body, "logprobs", bool, "a boolean"):
         n_logprobs = _int_in(body, "top_logprobs", 0, 20) or 0
@@ -198,7 +325,7 @@ def parse_chat(body: Mapping[str, Any], defaults: SamplingSettings) -> ChatReque
             raise _bad("top_logprobs", f"this server reports at most {MAX_TOP_LOGPROBS}, got {n_logprobs}")
     elif body.get("top_logprobs") is not None:
         raise _bad("top_logprobs", "needs logprobs: true")
-    return ChatRequest(tuple(messages), _generation(body, defaults, n_logprobs))
+    return ChatRequest(tuple(messages), _generation(body, defaults, n_logprobs), parse_tools(body))
 
 
 def parse_completion(body: Mapping[str, Any], defaults: SamplingSettings) -> CompletionRequest:

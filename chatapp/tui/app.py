@@ -30,10 +30,23 @@ from chatapp.backend import ChatBackend
 from chatapp.chat_service import ActiveReply, ChatService, Refused
 from chatapp.chat_state import ChatState, Turn, code_blocks
 from chatapp.errors import describe_error
+from chatapp.mcp.config import McpSettings
+from chatapp.mcp.loop import ToolChat, accepts_tools
 from chatapp.model_choices import ModelChoice
 from chatapp.recorder import Recorder
 from chatapp.tui.commands import chat_commands
-from chatapp.tui.messages import ModelFailed, ModelLoading, ModelReady, ReplyFailed, ReplyFinished, TokenReceived
+from chatapp.tui.messages import (
+    ApprovalNeeded,
+    ModelFailed,
+    ModelLoading,
+    ModelReady,
+    ReplyFailed,
+    ReplyFinished,
+    TokenReceived,
+    ToolCallUpdated,
+    ToolRoundEnded,
+    ToolsStarted,
+)
 from chatapp.tui.widgets.attach import AttachScreen
 from chatapp.tui.widgets.chat_log import AssistantMessage, ChatLog, UserMessage
 from chatapp.tui.widgets.conversations import ConversationsScreen
@@ -43,7 +56,8 @@ from chatapp.tui.widgets.prompt_input import PromptInput
 from chatapp.tui.widgets.sampling_panel import SamplingPanel
 from chatapp.tui.widgets.status_bar import StatusBar
 from chatapp.tui.widgets.system_prompt import SystemPromptScreen
-from chatapp.tui.worker import BackendFactory, load_backend, stream_turn
+from chatapp.tui.widgets.tool_call import ApprovalPrompt, ToolsScreen
+from chatapp.tui.worker import BackendFactory, load_backend, stream_tool_turn
 from engine.sampling import SamplingSettings
 
 CHAT_ACTIONS = frozenset(
@@ -94,8 +108,18 @@ class ChatApp(App[None]):
         save_theme: Callable[[str], None] | None = None,
         model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
         factory_for_model: Callable[[str], BackendFactory] | None = None,
+        mcp: McpSettings | None = None,
     ) -> None:
         super().__init__()
+        self.mcp = mcp or McpSettings()
+        """The MCP servers to start, the tools allowed without asking, the timeout and round limit."""
+        self.tool_client = None
+        """The `chatapp.mcp.client.McpClient` once servers are configured; its tools are offered to the model."""
+        self.tools_off: set[str] = set()
+        """Tools the person turned off for this chat."""
+        self.tools_allowed: set[str] = set(self.mcp.allow)
+        """Tools that run without asking in this chat: the config's, and those answered "always"."""
+        self._approvals: dict[int, Any] = {}  # an ApprovalPrompt's id -> the worker's Future waiting for it
         self.backend_factory = backend_factory
         self.model_choices = model_choices
         """What the model picker lists; None: no picker (a remote server, or a test's fixed backend)."""
@@ -157,6 +181,90 @@ class ChatApp(App[None]):
         if not self.service.recorder.enabled:
             self.notify("History is off: this chat will not be saved.", timeout=4)
         self._load_model(self.backend_factory)
+        if self.mcp.servers:
+            self.action_start_tools()
+
+    # ---- tools ----------------------------------------------------------------------------------------
+
+    def action_start_tools(self) -> None:
+        """Start the configured MCP servers that are not running (at start, and from the palette)."""
+        if not self.mcp.servers:
+            return self.notify("No MCP servers configured ([mcp.servers] or --mcp-config).", severity="warning")
+        if self.tool_client is None:
+            from chatapp.mcp.client import McpClient
+
+            self.tool_client = McpClient(self.mcp)
+        self.status.tools = "starting tools…"
+        self.status.refresh_state()
+        self._start_tools(self.tool_client)
+
+    @work(thread=True, group="mcp", exit_on_error=False)
+    def _start_tools(self, client: Any) -> None:
+        self.post_message(ToolsStarted(client.start()))
+
+    async def on_tools_started(self, message: ToolsStarted) -> None:
+        for line in message.failures:
+            await self.chat_log.add_note(line)
+        self._show_tool_count()
+
+    def _show_tool_count(self) -> None:
+        tools = self.tool_client.tools if self.tool_client is not None else []
+        on = [t for t in tools if t.name not in self.tools_off]
+        self.status.tools = f"{len(on)} tools" + (f" ({len(tools) - len(on)} off)" if len(on) < len(tools) else "")
+        self.status.refresh_state()
+
+    def action_list_tools(self) -> None:
+        client = self.tool_client
+        tools = client.tools if client is not None else []
+        lines = client.server_lines() if client is not None else []
+
+        def done(off: set[str] | None) -> None:
+            if off is not None:
+                self.tools_off = off
+                self._show_tool_count()
+
+        self.push_screen(ToolsScreen(tools, self.tools_off, lines), done)
+
+    def _tool_chat(self) -> ToolChat | None:
+        client = self.tool_client
+        tools = [t for t in client.tools if t.name not in self.tools_off] if client is not None else []
+        if client is None or not tools:
+            return None
+        return ToolChat(tools, client.call, self.tools_allowed, self.mcp.max_rounds)
+
+    def _reset_tools_for_chat(self) -> None:
+        self.tools_off = set()
+        self.tools_allowed = set(self.mcp.allow)
+        if self.tool_client is not None:
+            self._show_tool_count()
+
+    async def on_tool_round_ended(self, message: ToolRoundEnded) -> None:
+        active = self.service.round_ended(message.turn, message.text, message.stats)
+        if active is not None and active.shown and self._reply_widget is not None:
+            await self._reply_widget.new_round()
+
+    async def on_tool_call_updated(self, message: ToolCallUpdated) -> None:
+        active = self.service.call_updated(message.turn, message.record)
+        if active is not None and active.shown and self._reply_widget is not None:
+            await self._reply_widget.show_call(message.record)
+            self.chat_log.follow()
+
+    async def on_approval_needed(self, message: ApprovalNeeded) -> None:
+        active = self.service.current(message.turn)
+        if active is None or not active.shown or self._reply_widget is None:
+            message.answer.set_result("deny")  # nobody can see it: never run it unasked
+            return
+        prompt = await self._reply_widget.ask(message.record)
+        self._approvals[id(prompt)] = message.answer
+        prompt.focus()
+        self.chat_log.follow()
+
+    async def on_approval_prompt_answered(self, message: ApprovalPrompt.Answered) -> None:
+        answer = self._approvals.pop(id(message.prompt), None)
+        if answer is not None and not answer.done():
+            answer.set_result(message.answer)
+        await message.prompt.remove()
+        self.prompt.focus()
 
     def _theme_picked(self, theme: Any) -> None:
         if self._save_theme is None or theme.name == self._chosen_theme:  # the one it started in, or saved
@@ -173,6 +281,11 @@ class ChatApp(App[None]):
 
     def on_unmount(self) -> None:
         self.service.shutdown()
+        for answer in self._approvals.values():
+            if not answer.done():
+                answer.set_result("deny")
+        if self.tool_client is not None:
+            self.tool_client.close()
 
     def _show_banner(self, state: str, detail: str = "") -> None:
         self.chat_log.banner.show(state, self.model_name, detail)
@@ -226,6 +339,8 @@ class ChatApp(App[None]):
         self.status.show_stats(None)
         self._show_banner("ready")
         self._show_warnings()
+        if self.mcp.servers and not accepts_tools(backend):
+            self.notify("This model's backend cannot call tools: they are not offered to it.", severity="warning")
         if switched is not None:
             self.notify(f"Now chatting with {self.model_name}; this chat carries over, and the next message "
                         "evaluates it on the new model.", title="Model")  # fmt: skip
@@ -249,8 +364,9 @@ class ChatApp(App[None]):
 
     @work(thread=True, exclusive=True, group="inference", exit_on_error=False)
     def _generate(self, backend: ChatBackend, active: ActiveReply) -> None:
-        """The one inference worker: runs `backend.stream_reply`, posts messages, never touches widgets."""
-        stream_turn(backend, active.messages, active.turn, self.post_message, active.stop)
+        """The one inference worker: runs `backend.stream_reply` (and the tool loop), posts messages, never touches
+        widgets."""
+        stream_tool_turn(backend, active.messages, active.turn, self.post_message, active.stop, self._tool_chat())
 
     async def _start_reply(self, active: ActiveReply) -> None:
         widget = self._reply_widget = await self.chat_log.add_assistant(active.reply, self.model_name)
@@ -284,6 +400,10 @@ class ChatApp(App[None]):
 
     async def _reply_ended(self, active: ActiveReply) -> None:
         widget, self._reply_widget = self._reply_widget, None
+        for prompt in self.query(ApprovalPrompt):  # a stopped reply's question is moot
+            if (answer := self._approvals.pop(id(prompt), None)) is not None and not answer.done():
+                answer.set_result("deny")
+            await prompt.remove()
         self._mark_branches()
         if active.shown and widget is not None:
             await widget.finish()
@@ -448,6 +568,7 @@ class ChatApp(App[None]):
             widget.focus(scroll_visible=False)  # the found message, ready to read; Tab moves on
 
     async def action_new_chat(self) -> None:
+        self._reset_tools_for_chat()
         await self._show_state(self.service.new_chat())
         self.prompt.clear()
 
@@ -476,6 +597,7 @@ class ChatApp(App[None]):
         state = self.service.resume(choice[0]) if choice is not None else None
         if state is None:
             return
+        self._reset_tools_for_chat()
         await self._show_state(state, found=choice[1])
         for turn in state.turns:
             if turn.role == "user":

@@ -28,6 +28,8 @@ def chat_commands(app: ChatApp) -> Iterator[SystemCommand]:
     yield SystemCommand("System prompt", "Edit the system prompt (ctrl+t)", app.action_system_prompt)
     yield SystemCommand("Switch model", "Load another model; the chat carries over (F10)", app.action_switch_model)
     yield SystemCommand("Attach a file", "Put a text file into the message (F9, or /read PATH)", app.action_attach)
+    yield SystemCommand("Tools", "The MCP tools: turn one off or on for this chat", app.action_list_tools)
+    yield SystemCommand("Start MCP servers", "Start the configured servers not running", app.action_start_tools)
     yield SystemCommand("Export chat as Markdown", f"Write it into {app.export_dir} (F8)", app.action_export)
 
 

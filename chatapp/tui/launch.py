@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from chatapp.chat_service import open_store
+from chatapp.mcp.config import McpSettings
 from chatapp.model_choices import ModelChoice
 from chatapp.tui.app import ChatApp
 from chatapp.tui.worker import BackendFactory
@@ -22,6 +23,7 @@ def run_app(
     theme: str | None = None,
     model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
     factory_for_model: Callable[[str], BackendFactory] | None = None,
+    mcp: McpSettings | None = None,
 ) -> None:
     """Run the chat UI. `backend_factory(progress)` loads the model in a worker thread, reporting progress
     lines through `progress`; `store_path=None` turns history off; the model picker offers `model_choices()`
@@ -42,6 +44,7 @@ def run_app(
         save_theme=lambda name: save_user_setting("theme", name),
         model_choices=model_choices,
         factory_for_model=factory_for_model,
+        mcp=mcp,
     )
     try:
         app.run()

@@ -7,9 +7,12 @@ user has already left behind (new chat, resumed chat) is recognised and only sav
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 from textual.message import Message
 
 from chatapp.backend import ChatBackend
+from chatapp.chat_state import ToolRecord
 from engine.events import TokenEvent, TurnStats
 
 
@@ -64,3 +67,40 @@ class ModelFailed(Message):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
+
+
+class ToolRoundEnded(Message):
+    """The model asked for tools: `text` is what it said before its calls; its calls follow."""
+
+    def __init__(self, turn: int, text: str, stats: TurnStats) -> None:
+        super().__init__()
+        self.turn = turn
+        self.text = text
+        self.stats = stats
+
+
+class ToolCallUpdated(Message):
+    """A call appeared (waiting for approval), runs, or has its result."""
+
+    def __init__(self, turn: int, record: ToolRecord) -> None:
+        super().__init__()
+        self.turn = turn
+        self.record = record
+
+
+class ApprovalNeeded(Message):
+    """A call waits for the person: set `answer`'s result to "once", "always" or "deny"."""
+
+    def __init__(self, turn: int, record: ToolRecord, answer: Future[str]) -> None:
+        super().__init__()
+        self.turn = turn
+        self.record = record
+        self.answer = answer
+
+
+class ToolsStarted(Message):
+    """The MCP servers were started; `failures`: one line per server that did not start."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__()
+        self.failures = failures

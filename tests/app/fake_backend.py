@@ -1,7 +1,7 @@
 """A scripted ChatBackend for the app tests: fixed replies, fixed timings, recorded settings, honoured cancel.
 
 Every number it reports is a function of the script, never of the clock, so snapshots are stable.
-Run it to try the app by hand:  .venv/bin/python -m tests.app.fake_backend [--slow] [--fail-load]
+Run it to try the app by hand:  .venv/bin/python -m tests.app.fake_backend [--slow] [--fail-load] [--tools]
 """
 
 from __future__ import annotations
@@ -13,7 +13,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Alternative, Message, TokenEvent, TurnStats
+from engine.events import (
+    STOP_CANCELLED,
+    STOP_EOS,
+    STOP_LENGTH,
+    Alternative,
+    Message,
+    TokenEvent,
+    ToolCall,
+    ToolSpec,
+    TurnStats,
+)
 from engine.sampling import SamplingSettings
 
 if TYPE_CHECKING:
@@ -50,6 +60,9 @@ def prompt_size(messages: Sequence[Message]) -> int:
 class FakeBackend:
     """Replies with `replies[i]` to the i-th call (cycling), else an echo of the last user message.
 
+    A reply may be a tuple of `ToolCall`s: when the call offers tools, the reply is those calls (one token per
+    call, as a model writes its call), else the text "(no tools offered)".
+
     gated=True: each token waits for `release()`; tests then decide exactly when tokens happen.
     fail_calls: 1-based call numbers that raise after `fail_after` tokens.
     """
@@ -59,7 +72,7 @@ class FakeBackend:
 
     def __init__(
         self,
-        replies: Sequence[str] = (),
+        replies: Sequence[str | tuple[ToolCall, ...]] = (),
         *,
         token_delay: float = 0.0,
         gated: bool = False,
@@ -76,6 +89,7 @@ class FakeBackend:
         self.turn_warnings = tuple(turn_warnings)
         self.settings = SamplingSettings()
         self.calls: list[list[Message]] = []
+        self.tools_seen: list[list[ToolSpec] | None] = []  # the tools offered to each call
         self.seen_settings: list[SamplingSettings] = []
         """The settings in force just before each token was produced, across all calls."""
         self.cancel_calls = 0
@@ -89,17 +103,24 @@ class FakeBackend:
         for _ in range(n):
             self._gate.release()
 
-    def reply_for(self, call: int, messages: Sequence[Message]) -> str:
+    def reply_for(self, call: int, messages: Sequence[Message]) -> str | tuple[ToolCall, ...]:
         if self.replies:
             return self.replies[(call - 1) % len(self.replies)]
         last = next((m.content for m in reversed(messages) if m.role == "user"), "")
         return f"You said: {last}"
 
-    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
+    def stream_reply(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None
+    ) -> Iterator[TokenEvent | TurnStats]:
         self._cancel.clear()
         self.calls.append(list(messages))
+        self.tools_seen.append(list(tools) if tools is not None else None)
         call = len(self.calls)
-        pieces = split_tokens(self.reply_for(call, messages))
+        script = self.reply_for(call, messages)
+        tool_calls: tuple[ToolCall, ...] = ()
+        if isinstance(script, tuple):
+            tool_calls, script = (script, "") if tools else ((), "(no tools offered)")
+        pieces = split_tokens(script) or ["<call>"] * len(tool_calls)
         prompt = prompt_size(messages)
         reused = min(self._cached, prompt - 1) if prompt else 0
         stop, text, decode_ms = STOP_EOS, "", 0.0
@@ -129,7 +150,8 @@ class FakeBackend:
             if 0 < limit <= i + 1:
                 stop = STOP_LENGTH
                 break
-        generated = len(split_tokens(text))
+        generated = len(split_tokens(text)) or (len(tool_calls) if stop != STOP_CANCELLED else 0)
+        text = "" if tool_calls else text
         self._cached = prompt + generated
         yield TurnStats(
             prompt_tokens=prompt,
@@ -144,6 +166,7 @@ class FakeBackend:
             n_ctx=self.n_ctx,
             reply=text,
             warnings=self.turn_warnings,
+            tool_calls=tool_calls if stop != STOP_CANCELLED else (),
         )
 
     def cancel(self) -> None:
@@ -180,8 +203,9 @@ def make_app(
     system_prompt: str = "",
     fail_load: str | None = None,
     settings: SamplingSettings | None = None,
+    mcp: object | None = None,
 ) -> ChatApp:
-    """The app on a fake backend (a fresh one unless given)."""
+    """The app on a fake backend (a fresh one unless given); `mcp`: a `chatapp.mcp.config.McpSettings`."""
     from chatapp.tui.app import ChatApp
 
     backend = backend or FakeBackend()
@@ -192,6 +216,7 @@ def make_app(
         system_prompt=system_prompt,
         store=store,
         export_dir=export_dir,
+        mcp=mcp,
     )
     record_notices(app)
     return app
@@ -251,9 +276,20 @@ def _demo() -> None:
     parser = argparse.ArgumentParser(description="Run the chat app against the fake backend.")
     parser.add_argument("--slow", action="store_true", help="load slowly and stream at ~12 tokens/s")
     parser.add_argument("--fail-load", action="store_true", help="make the model load fail")
+    parser.add_argument("--tools", action="store_true", help="the model calls `add` of tests/app/mcp_test_server.py")
     parser.add_argument("--store", type=Path, default=Path(tempfile.gettempdir()) / "chatapp-demo.sqlite")
     args = parser.parse_args()
-    backend = FakeBackend([DEMO_REPLY], token_delay=0.08 if args.slow else 0.02)
+    replies: list = [DEMO_REPLY]
+    mcp = None
+    if args.tools:
+        import sys
+
+        from chatapp.mcp.config import McpSettings, ServerSpec
+
+        replies = [(ToolCall("call_1", "add", '{"a": 20, "b": 22}'),), "The tool says 20 + 22 = **42**."]
+        server = str(Path(__file__).with_name("mcp_test_server.py"))
+        mcp = McpSettings((ServerSpec("testtools", sys.executable, (server,)),))
+    backend = FakeBackend(replies, token_delay=0.08 if args.slow else 0.02)
 
     def factory(progress: Callable[[str], None]) -> FakeBackend:
         for step in ("compiling kernels (first start only)…", "loading weights 40%", "loading weights 100%"):
@@ -269,6 +305,7 @@ def _demo() -> None:
         settings=SamplingSettings(),
         system_prompt="",
         store_path=args.store,
+        mcp=mcp,
     )
 
 

@@ -6,6 +6,7 @@ SVGs in __snapshots__/ before committing them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,64 @@ def test_thinking_collapsed(snap_compare):
 def test_thinking_expanded(snap_compare):
     app = make_app(FakeBackend([THINKING_REPLY]))
     assert snap_compare(app, terminal_size=SIZE, run_before=_think(expand=True))
+
+
+# ---- tools ------------------------------------------------------------------------------------------------
+
+
+def _saved_tool_chat(store) -> int:
+    """A saved chat whose reply called two tools (one result long enough to collapse, one failure)."""
+    from chatapp.chat_state import ToolRecord, ToolRound, Turn, stats_to_dict
+    from tests.app.fake_backend import FakeBackend
+
+    backend = FakeBackend(["It is 10:36 in Tokyo; Paris was not found."])
+    stats = list(backend.stream_reply([]))[-1]
+    result = json.dumps({"timezone": "Asia/Tokyo", "datetime": "2026-12-06T10:36:57+09:00",
+                         "day_of_week": "Sunday", "is_dst": False}, indent=2)  # fmt: skip
+    calls = [
+        ToolRecord("c1", "get_current_time", "time", '{"timezone": "Asia/Tokyo"}', "ok", result, 412.0),
+        ToolRecord("c2", "get_current_time", "time", '{"timezone": "Paris"}', "error",
+                   "Error: get_current_time raised: Invalid timezone: Paris", 38.0),  # fmt: skip
+    ]
+    turn = Turn("assistant", stats.reply, stats=stats, rounds=[ToolRound("", calls)], gen_ms=1840.0)
+    conv = store.create("What time is it in Tokyo?", "fake-7b-q4_0", "")
+    store.add_message(conv, "user", "What time is it in Tokyo and in Paris?")
+    store.add_message(conv, "assistant", turn.content, stats_to_dict(stats, [], None, turn.rounds, turn.gen_ms))
+    return conv
+
+
+def test_tool_call_blocks(snap_compare, store):
+    conv = _saved_tool_chat(store)
+    app = make_app(FakeBackend(), store=store)
+
+    async def run_before(pilot) -> None:
+        await ready(pilot)
+        pilot.app.query_one(PromptInput).cursor_blink = False
+        await pilot.app._resume((conv, None))
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_tool_approval_prompt(snap_compare, store):
+    import sys
+
+    from chatapp.mcp.config import McpSettings, ServerSpec
+    from chatapp.tui.widgets.status_bar import StatusBar
+    from chatapp.tui.widgets.tool_call import ApprovalPrompt
+    from engine.events import ToolCall
+    from tests.app.fake_backend import wait_for
+
+    server = ServerSpec("testtools", sys.executable, (str(Path(__file__).with_name("mcp_test_server.py")),))
+    backend = FakeBackend([(ToolCall("c1", "add", '{"a": 2, "b": 3}'),), "5"])
+    app = make_app(backend, store=store, mcp=McpSettings((server,)))
+
+    async def run_before(pilot) -> None:
+        await ready(pilot)
+        pilot.app.query_one(PromptInput).cursor_blink = False
+        await wait_for(pilot, lambda: pilot.app.query_one(StatusBar).tools == "6 tools", timeout=60)
+        await send(pilot, "What is 2 + 3?", wait=False)
+        await wait_for(pilot, lambda: pilot.app.query(ApprovalPrompt), timeout=20)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -9,8 +9,9 @@ from textual.content import Content
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from chatapp.chat_state import ChatState, Turn, code_blocks, stats_line
+from chatapp.chat_state import ChatState, ToolRecord, Turn, code_blocks, stats_line, tools_line
 from chatapp.tui.thinking import split_thinking, thinking_token_count
+from chatapp.tui.widgets.tool_call import ApprovalPrompt, ToolCallBlock
 
 # On a focused message: its other versions (branches), editing it, a new reply from it.
 BRANCH_KEYS = [
@@ -56,6 +57,9 @@ class AssistantMessage(Vertical, can_focus=True):
         split = split_thinking(self.turn.content)
         with Collapsible(title="Thinking", collapsed=True, classes="thinking"):
             yield Static(Content(split.thinking), classes="thinking-text", markup=False)
+        with Vertical(classes="tools"):
+            for r in self.turn.rounds:
+                yield from (ToolCallBlock(c) for c in r.calls)
         yield Markdown(split.answer, classes="body")
         yield Static("", classes="meta", markup=False)
 
@@ -82,6 +86,35 @@ class AssistantMessage(Vertical, can_focus=True):
     def action_toggle_thinking(self) -> None:
         if self.thinking.display:
             self.thinking.collapsed = not self.thinking.collapsed
+
+    # ---- tools -------------------------------------------------------------------------------------
+
+    def call_block(self, call_id: str) -> ToolCallBlock | None:
+        return next((b for b in self.query(ToolCallBlock) if b.record.id == call_id and b.parent is not None), None)
+
+    async def show_call(self, record: ToolRecord) -> ToolCallBlock:
+        """Add the call's block, or update it (the blocks of earlier rounds keep their own ids)."""
+        blocks = list(self.query(ToolCallBlock))
+        block = next((b for b in reversed(blocks) if b.record.id == record.id), None)
+        if block is not None and block.record.status not in ("ok", "error", "denied", "stopped"):
+            block.set_record(record)
+        else:
+            block = ToolCallBlock(record)
+            await self.query_one(".tools", Vertical).mount(block)
+        if record.status != "asking":
+            await self.query(ApprovalPrompt).remove()
+        return block
+
+    async def ask(self, record: ToolRecord) -> ApprovalPrompt:
+        prompt = ApprovalPrompt(record)
+        await self.query_one(".tools", Vertical).mount(prompt)
+        return prompt
+
+    async def new_round(self) -> None:
+        """The model called tools: what it streamed so far belongs to that round; the answer starts again."""
+        await self.stop_stream()
+        await self.body.update("")
+        self.start_stream()
 
     # ---- streaming -----------------------------------------------------------------------------------
 
@@ -129,6 +162,8 @@ class AssistantMessage(Vertical, can_focus=True):
         parts: list[Content] = []
         if self.turn.stats is not None:
             parts.append(Content(stats_line(self.turn.stats)))
+            if tools := tools_line(self.turn):
+                parts.append(Content.styled(tools, "$text-muted"))
             if thinking := thinking_token_count([t.text for t in self.turn.tokens]):
                 answer = len(self.turn.tokens) - thinking
                 parts.append(Content.styled(f"thinking {thinking} tokens · answer {answer} tokens", "$text-muted"))
@@ -150,6 +185,10 @@ class AssistantMessage(Vertical, can_focus=True):
         self._next_block = n + 1
         self.app.copy_to_clipboard(blocks[n].code)
         self.notify(f"Copied code block {n + 1}/{len(blocks)} ({blocks[n].label})")
+
+
+class ToolNote(Static):
+    """One line in the chat about the tools (a server that did not start), outside any message."""
 
 
 class SystemPromptCard(Static, can_focus=False):
@@ -230,6 +269,12 @@ class ChatLog(VerticalScroll, can_focus=False):
         await self.mount(widget)
         self._after_change()
         return widget
+
+    async def add_note(self, text: str) -> ToolNote:
+        note = ToolNote(Content(f"⚠ {text}"), markup=False)
+        await self.mount(note)
+        self.call_after_refresh(self._settle)
+        return note
 
     async def add_assistant(self, turn: Turn, model_name: str) -> AssistantMessage:
         widget = AssistantMessage(turn, model_name)

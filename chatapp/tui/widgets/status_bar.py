@@ -28,7 +28,10 @@ class StatusBar(Horizontal):
         self.remote = ""
         """Where a remote model runs ("remote · vLLM"); "" for the local engine."""
         self.n_ctx: int | None = None
+        self.tools = ""
+        """The MCP tools offered ("3 tools"); "" without servers."""
         self._last: TurnStats | None = None
+        self._state = ("loading", "")
 
     def compose(self) -> ComposeResult:
         yield Static("", id="status-left", markup=False)
@@ -36,15 +39,22 @@ class StatusBar(Horizontal):
 
     def set_state(self, state: str, detail: str = "") -> None:
         """`state`: loading | ready | generating | stopping | failed; `detail`: e.g. a progress line."""
+        self._state = (state, detail)
         dot, style = STATE_STYLES.get(state, ("●", "$text-muted"))
         self.set_classes(f"-{state}")
         parts = [(f"{dot} {state}  ", style)]
         if self.remote:
             parts.append((f"{self.remote}  ", "$accent"))
         parts.append((self.model_name, "bold"))
+        if self.tools:
+            parts += [("  ", ""), (f"⚙ {self.tools}", "$text-accent")]
         if detail:
             parts += [("  ", ""), (detail, "$text-muted")]
         self.query_one("#status-left", Static).update(Content.assemble(*parts))
+
+    def refresh_state(self) -> None:
+        """Show the left side again (after `tools` changed)."""
+        self.set_state(*self._state)
 
     def _ctx(self) -> str:
         if self._last is not None and not self._last.n_ctx:  # a server that does not say its context size
