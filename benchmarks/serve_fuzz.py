@@ -1,6 +1,6 @@
 """A long fuzz of a real `chatapp serve`: thousands of Hypothesis-generated bad requests, with figures to record.
 
-    python benchmarks/serve_fuzz.py [--requests 3000] [--model PATH] [--ctx 1024]
+    python benchmarks/serve_fuzz.py [--requests 3000] [--model PATH] [--ctx 1024] [--slots 4]
 
 Starts the server on 127.0.0.1 (a free port), then: a warm-up, the greedy owl question and its RSS, the fuzz
 (tests/reliability/fuzz_requests.py's strategies with a fresh seed), forty 3.9 MB prompts, and the cache-order
@@ -41,9 +41,9 @@ def _cpu() -> str:
     return platform.processor()
 
 
-def _start(model: str, ctx: int, log: Path) -> tuple[subprocess.Popen, str]:
+def _start(model: str, ctx: int, slots: int, log: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    args = [sys.executable, "-m", "chatapp", "serve", "-m", model, "--port", "0", "-c", str(ctx)]
+    args = [sys.executable, "-m", "chatapp", "serve", "-m", model, "--port", "0", "-c", str(ctx), "-np", str(slots)]
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     url = None
@@ -68,10 +68,11 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=3000)
     p.add_argument("--model", default=str(Path.home() / ".cache/chatapp/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--slots", type=int, default=4, help="-np; the issue's cache-order sequence used 1")
     args = p.parse_args()
 
     log = Path(tempfile.mkdtemp()) / "server.log"
-    process, url = _start(args.model, args.ctx, log)
+    process, url = _start(args.model, args.ctx, args.slots, log)
     rss: dict[str, float] = {}
     try:
         post = lambda path, body: httpx.post(f"{url}{path}", json=body, timeout=300)  # noqa: E731
@@ -98,7 +99,8 @@ def main() -> None:
             except (AssertionError, ValueError, KeyError) as e:
                 failures.append(str(e)[:500])
 
-        one()
+        if args.requests:
+            one()
         fuzz_s = time.perf_counter() - t0
         rss["after the fuzz"] = rss_mb(process.pid)
         health = httpx.get(f"{url}/health", timeout=30).status_code
@@ -124,9 +126,10 @@ def main() -> None:
     tracebacks = server_log.count("Traceback") + server_log.count("chatapp: error:")
 
     n = sum(statuses.values())
-    print(f"# Server fuzz: {n} requests to `chatapp serve` ({Path(args.model).name}, -c {args.ctx})\n")
+    served = f"{Path(args.model).name}, -c {args.ctx}, -np {args.slots}"
+    print(f"# Server fuzz: {n} requests to `chatapp serve` ({served})\n")
     print(f"CPU: {_cpu()}, {os.cpu_count()} threads (shared with other work). {time.strftime('%Y-%m-%d')}\n")
-    print(f"- fuzz: {n} requests in {fuzz_s:.0f} s ({n / fuzz_s:.1f}/s)")
+    print(f"- fuzz: {n} requests in {fuzz_s:.0f} s ({n / max(fuzz_s, 1e-9):.1f}/s)")
     print(f"- statuses: {dict(sorted(statuses.items()))}")
     print(f"- failures (5xx, reset, unfinished stream, bad error shape): {len(failures)}")
     for f in failures[:20]:
