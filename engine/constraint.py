@@ -155,13 +155,11 @@ class Grammar:
         self.spec = spec
         self._vocab = vocab
         self._text = _llguidance_grammar(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self._text, vocab.ll)
-        if is_error:
-            raise GrammarError(f"bad {_NAMES[spec.kind]}: {messages[0].strip()}")
-        # A matcher in its initial state; each reply starts from a copy (cheaper than compiling again).
+        # A matcher in its initial state; each reply starts from a copy (cheaper than compiling again). A bad
+        # grammar leaves it in its error state, with llguidance's message.
         self._initial = llguidance.LLMatcher(vocab.ll, self._text, log_level=0)
         if self._initial.is_error():
-            raise GrammarError(f"bad {_NAMES[spec.kind]}: {self._initial.get_error()}")
+            raise GrammarError(f"bad {_NAMES[spec.kind]}: {self._initial.get_error().strip()}")
 
     def start(self) -> ConstraintState:
         """A fresh state for one reply."""
