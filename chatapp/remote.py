@@ -26,9 +26,17 @@ from urllib.parse import urlsplit
 
 import openai
 
-from engine.constraint import GrammarSpec
 from engine.errors import EngineError
-from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Alternative, Message, TokenEvent, TurnStats
+from engine.events import (
+    STOP_CANCELLED,
+    STOP_EOS,
+    STOP_LENGTH,
+    Alternative,
+    GrammarSpec,
+    Message,
+    TokenEvent,
+    TurnStats,
+)
 from engine.sampling import SamplingSettings
 
 N_TOP = 5  # top_logprobs asked for: OpenAI's API allows up to 20, llama-server and vLLM honour 5 and more
