@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only: the commands import what they use when they run
     from gguf import GGMLQuantizationType
 
-    from engine.constraint import GrammarSpec
-    from engine.events import TurnStats
+    from engine.events import GrammarSpec, TurnStats
 
     from .backend import ChatBackend
     from .model_choices import ModelChoice
@@ -231,7 +230,7 @@ def _load(
 
 def reply_constraint(args: argparse.Namespace) -> GrammarSpec | None:
     """`--json-schema FILE|JSON` or `--grammar FILE` as a GrammarSpec; CliError naming the flag."""
-    from engine.constraint import GrammarSpec
+    from engine.events import GrammarSpec
 
     if getattr(args, "json_schema", None):
         text = args.json_schema

@@ -26,14 +26,13 @@ from urllib.parse import urlsplit
 
 import openai
 
-from engine.constraint import GrammarSpec
 from engine.errors import EngineError
 from engine.events import (
     STOP_CANCELLED,
     STOP_EOS,
     STOP_LENGTH,
     Alternative,
-    Message,
+    GrammarSpec,\n    Message,
     TokenEvent,
     ToolCall,
     ToolSpec,

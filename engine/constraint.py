@@ -27,32 +27,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import GrammarError
+from .events import GRAMMAR_KINDS as KINDS
+from .events import GrammarSpec
+
+__all__ = ["KINDS", "ConstraintState", "Grammar", "GrammarSpec", "compile_grammar"]
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
-KINDS = ("json_schema", "json_object", "lark", "gbnf", "regex")
 _CACHE_SIZE = 32  # compiled grammars kept per tokenizer (a server sees the same schema again and again)
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What a reply must match: `kind` names the language of `source`.
-
-    kind: "json_schema" (source: the schema as JSON text), "json_object" (any JSON object; source ignored),
-    "lark", "gbnf" (llama.cpp's grammar format), "regex". trigger: None, the grammar holds from the first
-    token; else the text is free until it contains `trigger`, and the grammar holds for what follows.
-    """
-
-    kind: str
-    source: str = ""
-    trigger: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise GrammarError(f"unknown grammar kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        if self.trigger == "":
-            raise GrammarError("a lazy grammar's trigger must not be empty")
 
 
 def _llguidance_grammar(spec: GrammarSpec) -> str:
@@ -155,13 +138,11 @@ class Grammar:
         self.spec = spec
         self._vocab = vocab
         self._text = _llguidance_grammar(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(self._text, vocab.ll)
-        if is_error:
-            raise GrammarError(f"bad {_NAMES[spec.kind]}: {messages[0].strip()}")
-        # A matcher in its initial state; each reply starts from a copy (cheaper than compiling again).
+        # A matcher in its initial state; each reply starts from a copy (cheaper than compiling again). A bad
+        # grammar leaves it in its error state, with llguidance's message.
         self._initial = llguidance.LLMatcher(vocab.ll, self._text, log_level=0)
         if self._initial.is_error():
-            raise GrammarError(f"bad {_NAMES[spec.kind]}: {self._initial.get_error()}")
+            raise GrammarError(f"bad {_NAMES[spec.kind]}: {self._initial.get_error().strip()}")
 
     def start(self) -> ConstraintState:
         """A fresh state for one reply."""

@@ -9,11 +9,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import GrammarError
+
 STOP_EOS = "eos"  # the model ended its turn (EOS / EOT / <|im_end|>-style token)
 STOP_LENGTH = "length"  # max_tokens reached
 STOP_STRING = "stop-string"  # one of the caller's stop strings appeared
 STOP_CANCELLED = "cancelled"  # the caller asked to stop
 STOP_CONTEXT = "context"  # the context is full and nothing more can be dropped
+
+
+GRAMMAR_KINDS = ("json_schema", "json_object", "lark", "gbnf", "regex")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a reply must match: `kind` names the language of `source`.
+
+    kind: "json_schema" (source: the schema as JSON text), "json_object" (any JSON object; source ignored),
+    "lark", "gbnf" (llama.cpp's grammar format), "regex". trigger: None, the grammar holds from the first
+    token; else the text is free until it contains `trigger`, and the grammar holds for what follows.
+    """
+
+    kind: str
+    source: str = ""
+    trigger: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise GrammarError(f"unknown grammar kind {self.kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
+        if self.trigger == "":
+            raise GrammarError("a lazy grammar's trigger must not be empty")
 
 
 ToolSpec = Mapping[str, Any]
