@@ -20,8 +20,15 @@ from engine.sampling import SamplingSettings
 
 
 class ChatBackend(Protocol):
-    model_name: str  # what the status line shows
-    n_ctx: int  # context size in tokens
+    @property
+    def model_name(self) -> str:
+        """What the status line shows."""
+        ...
+
+    @property
+    def n_ctx(self) -> int:
+        """Context size in tokens."""
+        ...
 
     settings: SamplingSettings
     """Replaced (never mutated) by the UI; read by the worker before every sampled token."""

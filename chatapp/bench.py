@@ -12,7 +12,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def run_bench(
             limits.append(probe.measure(repeats=3))
     pp = [r[0] for r in runs]
     tg = [r[1] for r in runs]
-    result = {
+    result: dict[str, Any] = {
         "model": model.name,
         "file": str(model.file.path),
         "threads": model.threads,
@@ -128,11 +128,11 @@ def run_bench(
             f"{result['draft_tokens_per_pass']:.2f} tokens per target pass"
         )
     if "bandwidth_pct" in result:
-        shares = ", ".join(f"{p:.0f}%" for p in result["bandwidth_pct_runs"])
+        each = ", ".join(f"{p:.0f}%" for p in result["bandwidth_pct_runs"])
         print(
             f"decode reads {result['weights_mb_per_token']:.0f} MB of weights per token: "
             f"{result['decode_weights_gb_s']:.1f} GB/s; {result['bandwidth_pct']:.0f}% of the machine's read "
             f"bandwidth (median; each repetition against a parallel read of 1 GiB with {model.threads} threads "
-            f"right after it: {shares}; read {result['read_bandwidth_gb_s']:.1f} GB/s, median)"
+            f"right after it: {each}; read {result['read_bandwidth_gb_s']:.1f} GB/s, median)"
         )
     return 0

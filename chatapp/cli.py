@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: the commands import what they use when th
     from engine.events import TurnStats
 
     from .backend import ChatBackend
+    from .model_choices import ModelChoice
     from .settings import AppSettings
 
 EXIT_USAGE = 2
@@ -338,7 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("the prompt is empty")
     print(args.prompt, end="", flush=True)
     stats = None
-    with _ctrl_c_cancels(chat.cancel) as interrupted:
+    with _ctrl_c_cancels(chat.cancel) as pressed:
         for event in chat.stream_completion(ids, constraint=constraint):
             if isinstance(event, TurnStats):
                 stats = event
@@ -346,7 +347,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(event.text, end="", flush=True)
     print(flush=True)
     print_run_summary(model, stats, sys.stderr)
-    return EXIT_INTERRUPTED if interrupted else 0
+    return EXIT_INTERRUPTED if pressed else 0
 
 
 def run_chat_reply(backend: ChatBackend, settings: AppSettings, prompt: str) -> tuple[TurnStats | None, bool]:
@@ -510,7 +511,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from .model_choices import model_choices
 
     model_name = settings.model
-    choices, switch = (lambda: model_choices(settings.models_folder)), factory_for_model
+    choices: Callable[[], list[ModelChoice]] | None = partial(model_choices, settings.models_folder)
+    switch: Callable[[str], Any] | None = factory_for_model
     if settings.remote.enabled:
         choices = switch = None  # the server's models: another -m
         from .remote_cli import open_remote, remote_label

@@ -120,7 +120,7 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
     try:
         import httpx2 as http_client  # what huggingface_hub 2.x runs on
     except ImportError:
-        import httpx as http_client
+        import httpx as http_client  # type: ignore[no-redef]  # the same role under 1.x
 
     return (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, http_client.HTTPError, OSError, ValueError)
 

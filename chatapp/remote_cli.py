@@ -85,13 +85,14 @@ def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
         print_calls(stats)
     else:
         print(args.prompt, end="", flush=True)
-        with _ctrl_c_cancels(backend.cancel) as interrupted:
+        with _ctrl_c_cancels(backend.cancel) as pressed:
             for event in backend.stream_completion(args.prompt, constraint=constraint):
                 if isinstance(event, TurnStats):
                     stats = event
                 else:
                     print(event.text, end="", flush=True)
         print(flush=True)
+        interrupted = bool(pressed)
     for warning in backend.warnings():
         _say(f"warning: {warning}")
     print_remote_summary(backend, stats, sys.stderr)

@@ -21,6 +21,7 @@ Failure handling on `open`:
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import sqlite3
@@ -29,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # only for annotations: importing `engine` loads Numba, which the store does not need
     from engine.events import TokenEvent, TurnStats
@@ -268,7 +269,7 @@ class ConversationStore:
                 "INSERT INTO conversations (title, model, system_prompt, created, updated) VALUES (?, ?, ?, ?, ?)",
                 (title, model, system_prompt, now, now),
             )
-        return cur.lastrowid
+        return cast(int, cur.lastrowid)  # an INSERT always sets it
 
     def add_message(
         self,
@@ -293,7 +294,7 @@ class ConversationStore:
                 (conv_id, role, content, stats_json, now, parent_id),
             )
             c.execute("UPDATE conversations SET head_id = ? WHERE id = ?", (cur.lastrowid, conv_id))
-        return cur.lastrowid
+        return cast(int, cur.lastrowid)  # an INSERT always sets it
 
     def update_message(self, msg_id: int, content: str, stats: dict[str, Any] | None = None) -> None:
         """Replace a message's content and stats (stats=None clears them)."""
@@ -383,7 +384,7 @@ class ConversationStore:
             ).fetchall()
         return [ConversationSummary(*row) for row in rows]
 
-    def search(self, text: str, limit: int = 100) -> list[SearchHit]:
+    def search(self, text: str, limit: int = 100) -> builtins.list[SearchHit]:  # `list` here is the method
         """Messages of every conversation that contain all of `text`'s words, best matches first."""
         query = fts_query(text)
         if query is None:
@@ -416,7 +417,7 @@ class ConversationStore:
         conv_id, title, model, system_prompt, created = head
         return Conversation(conv_id, title, model, system_prompt, messages, created)
 
-    def other_branches(self, conv_id: int, on_screen: set[int]) -> list[list[StoredMessage]]:
+    def other_branches(self, conv_id: int, on_screen: set[int]) -> builtins.list[builtins.list[StoredMessage]]:
         """Root-to-leaf paths of every branch but the one on screen (`on_screen`: its ids), oldest leaf first."""
         with self._read("load a conversation") as c:
             rows = c.execute(
@@ -544,7 +545,7 @@ def _prepare(conn: sqlite3.Connection, path: Path, version: int) -> None:
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             # (not executescript: it would commit first)
-            steps = _SCHEMA if version == 0 else ()
+            steps: tuple[str, ...] = _SCHEMA if version == 0 else ()
             steps += tuple(s for v in range(max(version, 1), SCHEMA_VERSION) for s in _MIGRATIONS[v])
             for statement in steps:
                 conn.execute(statement)

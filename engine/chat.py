@@ -36,9 +36,11 @@ from .sampling import Sampler, SamplingSettings
 from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
+from .tokenizer import Tokenizer
 from .tool_calls import parse_reply
 from .tool_calls import prompt as tool_prompt
 from .tool_calls.reasoning import split_reasoning
+from .untrusted_text import RenderedPrompt
 
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
@@ -74,6 +76,7 @@ class ChatSession:
             bos_token=tok.detokenize([tok.bos_id]) if tok.bos_id is not None else "",
             eos_token=tok.detokenize([tok.eos_id]) if tok.eos_id is not None else "",
             special_tokens=tok.special_texts,
+            control_tokens=tok.control_texts,
         )
         self.settings = settings or SamplingSettings()
         """Replaced (never mutated) from any thread; read before every sampled token."""
@@ -119,13 +122,10 @@ class ChatSession:
         add_generation_prompt: bool = True,
         tools: Sequence[ToolSpec] | None = None,
     ) -> list[int]:
-        """The conversation rendered through the model's template, tokenized with special tokens."""
-        tok = self.model.tokenizer
-        text = tool_prompt.render(self.template, messages, tools, None, add_generation_prompt)
-        ids = tok.tokenize(text, special=True)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids.insert(0, tok.bos_id)
-        return ids
+        """The conversation rendered through the model's template: its markers are control tokens, the messages'
+        and tools' own text is text (see engine.untrusted_text)."""
+        prompt = tool_prompt.render(self.template, messages, tools, None, add_generation_prompt)
+        return prompt_ids(self.model.tokenizer, prompt)
 
     def save_cache(self) -> Path | None:
         """Write the KV cache to `kv_store` (keyed to the model file, the template and the ids); its path."""
@@ -484,6 +484,15 @@ class ChatSession:
         self.session.truncate(keep)
         logits = self.session.eval(sequence[keep:])
         return new_prompt, logits
+
+
+def prompt_ids(tok: Tokenizer, prompt: RenderedPrompt) -> list[int]:
+    """A rendered chat prompt's token ids: special tokens on outside its plain spans, BOS first where the model
+    wants one and the template did not write it."""
+    ids = tok.tokenize(prompt.text, special=True, plain_spans=prompt.plain_spans)
+    if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+        ids.insert(0, tok.bos_id)
+    return ids
 
 
 class _LogitShaper:

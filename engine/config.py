@@ -18,8 +18,6 @@ from .families import FAMILIES, Family
 # that one of its own queries still reads.
 PREFILL_CHUNK = 256
 
-ArchSpec = Family  # the name the rest of the code and the tests know the description by
-
 MAX_SIZE = 1 << 24  # any count or width in a model's metadata is below this, or the file is refused
 
 # rope.scaling.type values we run; any other (yarn, longrope, su, ...) is refused by name.

@@ -99,7 +99,7 @@ def _cache_runtime_module(nrtdynmod: Any, cache_dir: Path, versions: str) -> Non
     nrtdynmod.compile_nrt_functions = compile_or_load
 
 
-def _parse_link_modules_lazily(library_class: type, llvm: Any) -> None:
+def _parse_link_modules_lazily(library_class: Any, llvm: Any) -> None:  # Numba's private library class
     unserialize = library_class._unserialize.__func__
     module_for_linking = library_class._get_module_for_linking
 

@@ -62,7 +62,7 @@ class _PlainReader(GGUFReader):
     parse takes (every vocabulary string is a few): Gemma 3's 262,144-token header took 9.0 s, 3.7 s so,
     on a first open (later opens read the header cache). The view keeps the mapping alive as its base."""
 
-    @property
+    @property  # type: ignore[override]  # the base class's plain attribute, read through a property
     def data(self) -> np.ndarray:
         return self._plain
 

@@ -106,7 +106,7 @@ def load_model(
         model = _bind(file, cfg, n_ctx, n_threads, warnings, say)
         if requantize is not None and backend is None:
             _requantize(model, requantize, say)
-        elif requantize is not None:
+        elif requantize is not None and backend is not None:
             warnings.append(f"weights kept as stored on {backend.label}: re-encoding to {requantize.name} is CPU only")
         if why_not:
             warnings.append(why_not)

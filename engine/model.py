@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -144,12 +143,6 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes of the CPU part."""
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
-
-
-@dataclass(frozen=True)
-class LoadInfo:
-    load_s: float  # wall time of load_model
-    warnings: tuple[str, ...]
 
 
 class Model:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import gguf
 import numpy as np
@@ -51,12 +52,14 @@ def requantize_matrix(w: WeightMatrix, to: T, pool: ThreadPoolExecutor | None = 
     fmt = FORMATS[to]
     if to not in TYPES.values() or bits_per_weight(w.ggml_type) <= bits_per_weight(to) or w.cols % fmt.block:
         return w
+    quantize = fmt.quantize
+    assert quantize is not None  # every type of TYPES has a quantizer
     raw = np.empty((w.rows, w.cols // fmt.block * fmt.block_bytes), dtype=np.uint8)  # (rows, row bytes) in `to`
     step = max(1, _SLICE_VALUES // w.cols)
 
     def run(r0: int) -> None:
         r1 = min(w.rows, r0 + step)
-        raw[r0:r1] = fmt.quantize(embedding_rows(w, np.arange(r0, r1)))  # (r1 - r0, cols) float32 in between
+        raw[r0:r1] = quantize(embedding_rows(w, np.arange(r0, r1)))  # (r1 - r0, cols) float32 in between
 
     starts = range(0, w.rows, step)
     list(pool.map(run, starts) if pool is not None else map(run, starts))
@@ -72,8 +75,10 @@ def requantize_weights(weights: Weights, to: T, threads: int | None = None) -> W
             return requantize_matrix(m, to, pool)
 
         def layer(lw: LayerWeights) -> LayerWeights:
-            mats = {name: one(m) for name in ("wo", "w_gate", "w_up", "w_down") if (m := getattr(lw, name)) is not None}
-            return dataclasses.replace(lw, wqkv=tuple(one(m) for m in lw.wqkv), **mats)
+            names = ("wo", "w_gate", "w_up", "w_down")
+            mats: dict[str, Any] = {name: one(m) for name in names if (m := getattr(lw, name)) is not None}
+            q, k, v = lw.wqkv
+            return dataclasses.replace(lw, wqkv=(one(q), one(k), one(v)), **mats)
 
         return dataclasses.replace(
             weights, layers=tuple(layer(lw) for lw in weights.layers), output=one(weights.output)

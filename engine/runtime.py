@@ -164,8 +164,30 @@ def compile_progress(report: Callable[[int, float], None], every_s: float = 5.0)
         yield lambda: counter.count
 
 
+_wait_policy_chosen = False
+
+
+def set_wait_policy() -> dict[str, str]:
+    """Choose the OpenMP wait policy (engine.kernels.wait_policy: it samples the other cores' load for 50 ms) and
+    put it in the environment, once per process. Returns what it set.
+
+    libgomp reads the variables once, when it loads at the first parallel launch: `configure_threads` calls this
+    before its `numba.set_num_threads`, which launches the threads.
+    """
+    global _wait_policy_chosen
+    if _wait_policy_chosen:
+        return {}
+    _wait_policy_chosen = True
+    from .kernels import _busy_cores, wait_policy
+
+    chosen = wait_policy(os.environ, _busy_cores)
+    os.environ.update(chosen)
+    return chosen
+
+
 def configure_threads(threads: int | None) -> int:
-    """Use `threads` cores for the kernels (None or 0: all of them). Returns the number in force.
+    """Use `threads` cores for the kernels (None or 0: all of them), after setting the OpenMP wait policy
+    (`set_wait_policy`). Returns the number in force.
 
     NumPy's BLAS is held to one thread: its workers spin after each call and take the cores from the Numba
     threads that run next (measured here with the other core busy: a (768, 64) @ (64, 256) product took 17 ms
@@ -175,8 +197,9 @@ def configure_threads(threads: int | None) -> int:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1, user_api="blas")
+    set_wait_policy()  # before the first parallel launch below loads libgomp
 
-    available = numba.config.NUMBA_NUM_THREADS
+    available = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # set from the environment at import
     if threads is None or threads == 0:
         n = available
     elif threads < 0:

@@ -30,6 +30,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import TemplateError
 from engine.events import Message, ToolSpec
+from engine.untrusted_text import RenderedPrompt, TextGuard
 
 MAX_SOURCE_CHARS = 1_000_000  # real templates are a few KB
 MAX_OUTPUT_CHARS = 1_000_000  # a prompt this long is far beyond any context window
@@ -224,13 +225,20 @@ class ChatTemplate:
     """A model's chat template, or a built-in turn format when the model has none or its template fails."""
 
     def __init__(
-        self, source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+        self,
+        source: str | None,
+        bos_token: str,
+        eos_token: str,
+        special_tokens: Collection[str] = (),
+        control_tokens: Collection[str] = (),
     ) -> None:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.fallback = fallback_format(special_tokens)
         """What renders the conversation when the template cannot: chosen from the vocabulary's special tokens."""
+        self.guard = TextGuard(control_tokens)
+        """Keeps the conversation's text from becoming control tokens (`render_prompt`)."""
         self.warning: str | None = None
         """Why the model's template is not used, set once; None while it works."""
         self._template: Any = None
@@ -249,10 +257,16 @@ class ChatTemplate:
 
     @classmethod
     def from_metadata(
-        cls, template_source: str | None, bos_token: str, eos_token: str, special_tokens: Collection[str] = ()
+        cls,
+        template_source: str | None,
+        bos_token: str,
+        eos_token: str,
+        special_tokens: Collection[str] = (),
+        control_tokens: Collection[str] = (),
     ) -> ChatTemplate:
-        """Build from the GGUF's `tokenizer.chat_template`, the BOS/EOS token texts and the special tokens' texts."""
-        return cls(template_source, bos_token, eos_token, special_tokens)
+        """Build from the GGUF's `tokenizer.chat_template`, the BOS/EOS token texts, the special tokens' texts and
+        the control tokens' texts (those that only the template may write)."""
+        return cls(template_source, bos_token, eos_token, special_tokens, control_tokens)
 
     @property
     def uses_fallback(self) -> bool:
@@ -284,6 +298,22 @@ class ChatTemplate:
                     return text
                 self._fail("chat template rendered an empty prompt")
         return self.fallback.render([_plain(d) for d in dicts], add_generation_prompt)
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> RenderedPrompt:
+        """`render`, with the spans where the messages' own text (and the tools' and kwargs' text) landed: tokenize
+        the text with special tokens on and these spans as plain text, so only the template's markers become
+        control tokens."""
+        guard = self.guard
+        marked_tools = guard.mark(list(tools)) if tools else tools
+        marked_kwargs = guard.mark(dict(kwargs)) if kwargs else kwargs
+        text = self.render(guard.mark(list(messages)), add_generation_prompt, marked_tools, marked_kwargs)
+        return guard.unmark(text)
 
     def end_of_turn_strings(self) -> list[str]:
         """Strings the template closes an assistant turn with (e.g. '<|im_end|>', '<|eot_id|>', '</s>').

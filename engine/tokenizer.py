@@ -24,7 +24,7 @@ import heapq
 import operator
 import re
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,19 +367,24 @@ class Tokenizer:
 
     # -- text -> ids ------------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
+    def tokenize(self, text: str, special: bool = True, plain_spans: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids for `text`, as llama.cpp's llama_tokenize(add_special=False, parse_special=special).
 
         Never adds BOS: the caller does that when `add_bos` says so. With special=False, control tokens such
-        as "<|im_start|>" are tokenized as plain text (do this for user-typed text).
+        as "<|im_start|>" are tokenized as plain text (do this for user-typed text). `plain_spans`, with
+        special=True: (start, end) character ranges of `text`, in order and apart, that are read as with
+        special=False, so a rendered prompt's own markers are control tokens and the messages inside it are text.
         """
         if not text:
             return []
         try:
             text.encode()
         except UnicodeEncodeError:  # lone surrogates (e.g. undecodable terminal input) are not text
-            text = _SURROGATES.sub("\ufffd", text)
-        pieces = self._split_special(text, self._specials if special else self._user_defined)
+            text = _SURROGATES.sub("\ufffd", text)  # one character for one: plain_spans keep their places
+        if special and plain_spans:
+            pieces = self._split_guarded(text, plain_spans)
+        else:
+            pieces = self._split_special(text, self._specials if special else self._user_defined)
         out: list[int] = []
         if self._spm:
             after_special = True  # SentencePiece adds a space at the start and after each special token
@@ -408,6 +413,26 @@ class Tokenizer:
         if self._barrier_id is not None:
             out = [i for i in out if i != self._barrier_id]
         return out
+
+    def _split_guarded(self, text: str, plain_spans: Sequence[tuple[int, int]]) -> list[str | int]:
+        """`_split_special` with every special token outside `plain_spans` and only the always-matched
+        (user-defined) ones inside; text pieces that meet at a span's edge are joined again, so the text is cut
+        exactly where an unguarded special token stands and the BPE sees the same chunks as without guards."""
+        pieces: list[str | int] = []
+        at = 0
+        for start, end in [*plain_spans, (len(text), len(text))]:
+            if not at <= start <= end <= len(text):
+                raise ValueError(f"plain span {start}..{end} is out of order or outside the text")
+            for part, specials in ((text[at:start], self._specials), (text[start:end], self._user_defined)):
+                if not part:
+                    continue
+                for piece in self._split_special(part, specials):
+                    if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+                        pieces[-1] += piece
+                    else:
+                        pieces.append(piece)
+            at = end
+        return pieces
 
     def _split_special(self, text: str, specials: list[tuple[int, str, bool]]) -> list[str | int]:
         """Cut special-token texts out of `text` as llama.cpp's tokenizer_st_partition does: for each special
@@ -439,13 +464,13 @@ class Tokenizer:
         """llama.cpp's llm_tokenizer_spm_session: start from single characters and keep merging the adjacent
         pair whose merged text is the highest-scoring token (leftmost on ties); what is left that is not a
         token goes out as byte tokens <0xNN>. `known`: texts looked up already (id or None), added to."""
-        scores = self._scores
-        assert scores is not None and self._vocab is not None
+        scores, vocab = self._scores, self._vocab
+        assert scores is not None and vocab is not None
 
         def id_of(piece: str) -> int | None:
             if piece in known:
                 return known[piece]
-            token_id = known[piece] = self._vocab.get(piece)
+            token_id = known[piece] = vocab.get(piece)
             return token_id
 
         symbols = list(text)  # "" once merged into its left neighbour
@@ -489,11 +514,13 @@ class Tokenizer:
     def _byte_token(self, byte: int) -> int:
         """SentencePiece byte fallback: the <0xNN> token, else the byte itself as a token (llama.cpp)."""
         if self._byte_ids is None:
+            vocab = self._vocab
+            assert vocab is not None  # SentencePiece vocabularies are packed
             table = {}
             for b in range(256):
-                token_id = self._vocab.get(f"<0x{b:02X}>")
+                token_id = vocab.get(f"<0x{b:02X}>")
                 if token_id is None and b < 0x80:
-                    token_id = self._vocab.get(chr(b))
+                    token_id = vocab.get(chr(b))
                 if token_id is not None:
                     table[b] = token_id
             self._byte_ids = table
@@ -543,12 +570,16 @@ class Tokenizer:
         """Token `token_id`'s vocabulary text (an id already checked)."""
         if self._vocab is not None:
             return self._vocab.text(token_id)
-        return self._hf.id_to_token(token_id)
+        assert self._hf is not None  # one of the two is always set
+        text = self._hf.id_to_token(token_id)
+        assert text is not None  # the id was checked against the vocabulary
+        return text
 
     def _lookup(self, text: str) -> int | None:
         """The id of the vocabulary text `text`, if it is one."""
         if self._vocab is not None:
             return self._vocab.get(text)
+        assert self._hf is not None  # one of the two is always set
         token_id = self._hf.token_to_id(text)
         return token_id if token_id is not None and token_id < self.n_vocab else None  # not the barrier
 
@@ -556,6 +587,12 @@ class Tokenizer:
     def special_texts(self) -> frozenset[str]:
         """The texts that tokenize(special=True) turns into one special token (control, user-defined, unknown)."""
         return frozenset(text for _, text, _ in self._specials)
+
+    @property
+    def control_texts(self) -> frozenset[str]:
+        """The texts that are one token with special=True but plain text with special=False: what untrusted
+        text must never be allowed to become."""
+        return self.special_texts - frozenset(text for _, text, _ in self._user_defined)
 
     def is_control(self, token_id: int) -> bool:
         """Whether the token is a control token (<|im_start|>, </s>, ...), not text the model writes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import overload
 
 import gguf
 import numpy as np
@@ -49,7 +50,7 @@ class Weights:
     def products(self) -> list[WeightMatrix]:
         """The matrices a token multiplies by: every layer's and the output head (of the embedding, a token
         reads a single row)."""
-        mats = [self.output]
+        mats: list[WeightMatrix | None] = [self.output]
         for lw in self.layers:
             mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
         return [m for m in mats if m is not None]
@@ -101,15 +102,20 @@ def _matrix(t: TensorEntry) -> WeightMatrix:
     return WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
 
 
-def _split_rows(w: WeightMatrix, sizes: tuple[int, ...]) -> tuple[WeightMatrix, ...]:
+def _split_rows(w: WeightMatrix, sizes: tuple[int, int, int]) -> tuple[WeightMatrix, WeightMatrix, WeightMatrix]:
     """W's row blocks of the given sizes, as views of its data: a fused attn_qkv as q, k, v."""
     out, r0 = [], 0
     for part, rows in zip("qkv", sizes, strict=True):
         out.append(WeightMatrix(f"{w.name}[{part}]", w.ggml_type, rows, w.cols, w.data[r0 : r0 + rows]))
         r0 += rows
-    return tuple(out)
+    q, k, v = out
+    return q, k, v
 
 
+@overload
+def _vector(t: TensorEntry) -> np.ndarray: ...
+@overload
+def _vector(t: TensorEntry | None) -> np.ndarray | None: ...
 def _vector(t: TensorEntry | None) -> np.ndarray | None:
     """Small 1-D tensors (norms, biases) as float32, read from the file (`file_copy`)."""
     if t is None:
@@ -132,8 +138,15 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
                 b = _vector(ts[p + "attn_qkv.bias"])
                 bqkv = (b[: sizes[0]], b[sizes[0] : sizes[0] + sizes[1]], b[sizes[0] + sizes[1] :])
         else:
-            wqkv = tuple(_matrix(ts[p + f"attn_{x}.weight"]) for x in "qkv")
-            bqkv = tuple(_vector(ts[p + f"attn_{x}.bias"]) for x in "qkv") if cfg.spec.qkv_bias else None
+            wqkv = (
+                _matrix(ts[p + "attn_q.weight"]),
+                _matrix(ts[p + "attn_k.weight"]),
+                _matrix(ts[p + "attn_v.weight"]),
+            )
+            if cfg.spec.qkv_bias:
+                bqkv = (_vector(ts[p + "attn_q.bias"]), _vector(ts[p + "attn_k.bias"]), _vector(ts[p + "attn_v.bias"]))
+            else:
+                bqkv = None
         layers.append(
             LayerWeights(
                 attn_norm=_vector(ts[p + "attn_norm.weight"]),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from engine.chat import prompt_ids
 from engine.events import Message, ToolSpec
 from engine.tool_calls import CallFormat
 from engine.tool_calls import prompt as tool_prompt
@@ -39,11 +41,12 @@ class Prompter:
         # client's odd messages must not change every later prompt, so each render gets a copy, and a template
         # that refuses the messages is the client's error.
         template = copy.copy(self.template)
-        text = tool_prompt.render(template, messages, tools, kwargs) + prefix
+        prompt = tool_prompt.render(template, messages, tools, kwargs)
         if template.uses_fallback and not self.template.uses_fallback:
             message = f"messages: the model's chat template refused them: {template.warning}"
             raise ApiError(400, message, param="messages")
-        return self._with_bos(self.model.tokenize(text, special=True))
+        # The messages' and tools' text is text, never control tokens; the prefix is ours.
+        return prompt_ids(self.model.tokenizer, replace(prompt, text=prompt.text + prefix))
 
     @property
     def call_format(self) -> CallFormat:

@@ -34,19 +34,20 @@ from gguf import GGMLQuantizationType as T
 _SPIN_COUNT = "50000"
 
 
+def _cpu_sample() -> tuple[int, int, float, float]:
+    """(all CPU jiffies, idle + iowait jiffies, this process's CPU seconds, wall seconds), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields), idle, time.process_time(), time.perf_counter()
+
+
 def _busy_cores(interval: float = 0.05) -> float | None:
     """Cores' worth of CPU time other processes used over `interval` seconds (Linux /proc/stat), or None."""
-
-    def sample() -> tuple[int, int, float, float]:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields), idle, time.process_time(), time.perf_counter()
-
     try:
-        total0, idle0, own0, wall0 = sample()
+        total0, idle0, own0, wall0 = _cpu_sample()
         time.sleep(interval)
-        total1, idle1, own1, wall1 = sample()
+        total1, idle1, own1, wall1 = _cpu_sample()
     except (OSError, ValueError, IndexError):
         return None
     if total1 <= total0:
@@ -66,7 +67,7 @@ def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | Non
     return {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-os.environ.update(wait_policy(os.environ, _busy_cores))  # before libgomp loads, at the first parallel launch
+# Chosen and set by engine.runtime.configure_threads (load_model), before its first parallel launch loads libgomp.
 
 from numba import get_num_threads  # noqa: E402
 

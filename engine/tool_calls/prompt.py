@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.events import Message, ToolSpec
 from engine.template import ChatTemplate
+from engine.untrusted_text import RenderedPrompt
 
 from . import CallFormat, detect_format, generic
 
@@ -24,17 +25,18 @@ def render(
     tools: Sequence[ToolSpec] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     add_generation_prompt: bool = True,
-) -> str:
-    """The prompt text, tools included the way the model's format expects them."""
+) -> RenderedPrompt:
+    """The prompt text, tools included the way the model's format expects them, with the spans that hold the
+    conversation's and the tools' own text (never control tokens: engine.untrusted_text)."""
     if not tools:
-        return template.render(messages, add_generation_prompt, None, kwargs)
+        return template.render_prompt(messages, add_generation_prompt, None, kwargs)
     fmt = call_format(template)
     if fmt.native:
-        return template.render(messages, add_generation_prompt, tools, kwargs)
+        return template.render_prompt(messages, add_generation_prompt, tools, kwargs)
     note = generic.system_text(tools)
     msgs = list(messages)
     if msgs and msgs[0].role == "system":
         msgs[0] = replace(msgs[0], content=f"{msgs[0].content}\n\n{note}")
     else:
         msgs.insert(0, Message("system", note))
-    return template.render(msgs, add_generation_prompt, None, kwargs)
+    return template.render_prompt(msgs, add_generation_prompt, None, kwargs)

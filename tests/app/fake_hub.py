@@ -46,6 +46,9 @@ class FakeHub:
     release: threading.Event = field(default_factory=threading.Event)
     holding: threading.Event = field(default_factory=threading.Event)  # set once a download is stalled
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # (method, path, Range header)
+    # Statuses answered, one per request and in order, to the GETs that resume a file (a Range past byte 0),
+    # before the file is served again: a 401, a 5xx or a 429 mid-download.
+    resume_statuses: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         hub = self
@@ -112,6 +115,10 @@ class FakeHub:
         spec = request.headers.get("Range")
         if spec and spec.startswith("bytes=") and not head:
             start = int(spec[6:].split("-")[0] or 0)
+        if start and self.resume_statuses:
+            status = self.resume_statuses.pop(0)
+            extra = {"Retry-After": "0"} if status == 429 else {}
+            return self._send(request, status, b'{"error":"refused by the test hub"}', extra)
         end = size
         if not head and self.cut_after is not None and start < self.cut_after:
             end, self.cut_after = self.cut_after, None  # the connection drops after this many bytes

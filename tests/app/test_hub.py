@@ -116,12 +116,17 @@ def test_kill_9_mid_download_leaves_nothing_usable_then_a_pull_succeeds(smollm2_
         child = pull_cli(f"hf:{REPO_ID}", fake.url, tmp_path)  # one .gguf: chosen without a tag
         try:
             assert fake.holding.wait(timeout=120), "the download never started"
-            time.sleep(0.5)  # let the client write what it received
+            folder = hub.repo_dir(tmp_path / "models", REPO_ID)
+            # Kill once the client has written some of what it received: a condition polled, not a sleep
+            # (the deadline is only a hang guard).
+            deadline = time.monotonic() + 120
+            while not [p for p in folder.rglob("*.incomplete") if p.stat().st_size > 0]:
+                assert time.monotonic() < deadline and child.poll() is None, "the client never wrote any data"
+                time.sleep(0.02)
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=30)
         finally:
             fake.release.set()
-        folder = hub.repo_dir(tmp_path / "models", REPO_ID)
         assert not (folder / FILE).exists(), "a half download is under the final name"
         assert [p for p in folder.rglob("*.incomplete") if p.stat().st_size > 0], "the kill came before any data"
 
@@ -183,3 +188,81 @@ def test_the_hub_unreachable_is_one_line(tmp_path: Path) -> None:
     status, _, err = finish(pull_cli(f"hf:{REPO_ID}", f"http://127.0.0.1:{port}", tmp_path))
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith(f"chatapp: error: cannot list {REPO_ID}"), err
+
+
+# --- refused or failing mid-download ---------------------------------------------------------------------
+
+# A small GGUF-headed file, cut after its first MiB so that the client resumes with a ranged GET.
+PAYLOAD = b"GGUF" + bytes(range(256)) * (3 << 12)  # ~3 MiB
+CUT = 1 << 20
+
+
+@pytest.fixture
+def small_chunks(monkeypatch) -> None:
+    """huggingface_hub writes what it receives in 10 MiB chunks; 64 KiB ones let a 1 MiB cut leave data behind."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+
+
+def pull_in_process(fake: FakeHub, tmp_path: Path) -> Path:
+    return hub.pull(f"hf:{REPO_ID}", models_dir=tmp_path / "models", endpoint=fake.url, progress_bars=False)
+
+
+def partial_files(tmp_path: Path) -> list[Path]:
+    return [p for p in (tmp_path / "models").rglob("*") if p.is_file() and p.name.endswith((".gguf", ".incomplete"))]
+
+
+@pytest.mark.parametrize(("status", "message"), [(401, "401"), (500, "500"), (503, "503")])
+def test_a_refusal_mid_download_is_one_clear_error_and_leaves_nothing(
+    status: int, message: str, tmp_path, small_chunks
+) -> None:
+    """The first GET drops after 1 MiB; the resume is answered 401 (a token revoked mid-pull) or a 5xx: the pull
+    ends with a HubError naming the status, no traceback, and no file under the final name or half-written."""
+    with FakeHub({REPO_ID: {"m.Q8_0.gguf": Served(PAYLOAD)}}, cut_after=CUT, resume_statuses=[status]) as fake:
+        with pytest.raises(HubError, match=message) as err:
+            pull_in_process(fake, tmp_path)
+    assert any(start > 0 for start in ranged_gets(fake)), "the refusal did not come mid-download"
+    assert "\n" not in str(err.value), str(err.value)
+    assert not partial_files(tmp_path), partial_files(tmp_path)
+
+
+def test_a_429_mid_download_is_waited_out_and_the_pull_completes(tmp_path, small_chunks) -> None:
+    """Too many requests (Retry-After: 0) on the resume: the client asks again and the pull completes, checked."""
+    with FakeHub({REPO_ID: {"m.Q8_0.gguf": Served(PAYLOAD)}}, cut_after=CUT, resume_statuses=[429, 429]) as fake:
+        path = pull_in_process(fake, tmp_path)
+        assert not fake.resume_statuses, "the 429s were never met"
+    assert path.read_bytes() == PAYLOAD
+    assert len([start for start in ranged_gets(fake) if start > 0]) >= 3, ranged_gets(fake)
+
+
+def test_a_full_disk_mid_download_is_one_clear_error_and_frees_the_space(tmp_path, monkeypatch, small_chunks) -> None:
+    """The disk fills after 1 MiB is written (the download's file writes raise ENOSPC; no tmpfs is needed, so it
+    runs unprivileged): a HubError that says so, and the partial file is removed, not left filling the disk."""
+    import errno
+
+    from huggingface_hub import file_download
+
+    real_http_get = file_download.http_get
+
+    class FullDisk:
+        def __init__(self, f) -> None:
+            self._f, self._written = f, 0
+
+        def write(self, data: bytes) -> int:
+            if self._written + len(data) > CUT:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self._written += len(data)
+            return self._f.write(data)
+
+        def __getattr__(self, name: str):
+            return getattr(self._f, name)
+
+    def filling_http_get(url, temp_file, **kw):
+        return real_http_get(url, FullDisk(temp_file), **kw)
+
+    monkeypatch.setattr(file_download, "http_get", filling_http_get)
+    with FakeHub({REPO_ID: {"m.Q8_0.gguf": Served(PAYLOAD)}}) as fake:
+        with pytest.raises(HubError, match="No space left on device"):
+            pull_in_process(fake, tmp_path)
+    assert not partial_files(tmp_path), partial_files(tmp_path)

@@ -19,6 +19,7 @@ import pytest
 from chatapp.chat_state import stats_line
 from chatapp.export import stored_transcript
 from chatapp.store import (
+    BUSY_TIMEOUT_S,
     SCHEMA_VERSION,
     Conversation,
     ConversationStore,
@@ -384,17 +385,26 @@ def test_store_from_a_newer_version_is_left_alone(tmp_path):
 # ---- locks ---------------------------------------------------------------------------------------------
 
 
-def test_locked_store_is_reported_in_use(tmp_path):
+def test_locked_store_is_reported_in_use(tmp_path, monkeypatch):
     db = tmp_path / "conversations.db"
     with _open(db) as store:
         cid = store.create("mine", "m")
     other = _raw(db)
     other.execute("BEGIN EXCLUSIVE")
+    # How long opening may wait is counted, not timed: each connection's busy timeout, summed over the
+    # connections it opens, is the most it can wait for the lock (a wall-clock figure would flake when loaded).
+    timeouts = []
+    connect = sqlite3.connect
+
+    def counting_connect(*args, **kwargs):
+        timeouts.append(kwargs.get("timeout", 5.0))  # sqlite3's default wait is 5 s
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", counting_connect)
     try:
-        t0 = time.monotonic()
         with pytest.raises(StoreInUseError, match="in use") as err:
             ConversationStore.open(db)
-        assert time.monotonic() - t0 < 2.5
+        assert timeouts and sum(timeouts) <= 2 * BUSY_TIMEOUT_S <= 2.0, timeouts
         assert str(db) in str(err.value)
         assert not any(".corrupt-" in name for name in _siblings(db))  # "in use" is never "damaged"
 

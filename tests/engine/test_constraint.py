@@ -203,3 +203,44 @@ def test_logit_bias_bans_a_token_and_bad_bias_is_refused(smollm2_model) -> None:
     assert boosted[0].token_id == smollm2_model.tokenizer.tokenize("Zebra")[0]
     with pytest.raises(SettingsError, match="outside the vocabulary"):
         run(chat, None, logit_bias={10**7: 1.0})
+
+
+class _Refused:
+    """A drafter whose every guess is a control token, which no JSON grammar allows."""
+
+    name = "refused"
+
+    def __init__(self, token_id: int) -> None:
+        self.token_id = token_id
+
+    def draft(self, context, limit):
+        return [self.token_id] * min(limit, 4)
+
+    def feedback(self, drafted, accepted, pass_ms):
+        pass
+
+    def follow(self, tokens):
+        pass
+
+    def prepare(self, prompt):
+        return 0
+
+
+def test_guesses_the_grammar_refuses_are_never_verified(qwen_model, person) -> None:
+    im_start = qwen_model.tokenizer.token_id("<|im_start|>")
+    chat = ChatSession(qwen_model, SamplingSettings(temperature=0.0, max_tokens=12), drafter=_Refused(im_start))
+    events, stats = run(chat, person)
+    assert stats.draft_tokens == 0 and stats.generated_tokens == 12  # cut before the pass, and the reply goes on
+
+
+def test_the_constraint_holds_through_live_sampling_changes(qwen_model, person) -> None:
+    chat = ChatSession(qwen_model, SamplingSettings(temperature=0.0, max_tokens=160))
+    hot = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=160)
+    stats = None
+    for i, event in enumerate(chat.stream_reply(ASK, constraint=person)):
+        if i == 4:
+            chat.settings = hot  # as the sampling panel does mid-reply
+        if isinstance(event, TurnStats):
+            stats = event
+    assert stats is not None and stats.stop_reason == STOP_EOS
+    jsonschema.validate(json.loads(stats.reply), PERSON)

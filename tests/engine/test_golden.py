@@ -57,12 +57,13 @@ FLOAT64_FIRST_POSITION = {"qwen15": "qwen2.5-coder-1.5b-position0-float64.json"}
 # Gemma 3: one greedy divergence at 0.060, teacher-forced disagreements at up to 0.095.
 # Qwen 1.5B: one greedy divergence, at step 23, by 0.168.
 NEAR_TIE = {"smollm2": 0.3, "qwen": 0.1, "gemma3": 0.12, "qwen15": 0.2}
-# Prompts whose 24 greedy tokens all match: measured 3 of 3 (AVX-512) and 2 of 3 (AVX2) for each model, the same
-# at 1 and 2 threads (the one-token path does not depend on the thread count). Bound one prompt below the AVX2
-# figure: SmolLM2's prompt 0 has a 0.021-logit near-tie at step 14 that another CPU's BLAS may flip; the check
-# above still holds every prompt to llama.cpp's tokens up to its first near-tie.
-# Gemma 3: 2 of 3 on AVX-512 (prompt 0 leaves at step 11, a 0.060-logit near-tie).
-MIN_EXACT_GREEDY = {"smollm2": 1, "qwen": 1, "gemma3": 1, "qwen15": 1}  # Qwen 1.5B: 2 of 3 measured
+# Near-ties met in one prompt's 24 greedy steps, with llama.cpp's token fed back after each (so the run goes on
+# from llama.cpp's text, and every step is compared). Measured on an Intel Xeon (family 6 model 207, AVX-512 VNNI,
+# AMX, 2 threads; 2026-12-06): at most one per prompt; SmolLM2 prompts 0 and 1 at steps 14 and 13 (by 0.007 and
+# 0.033 logits), Qwen 0.5B prompt 0 at step 2 (0.045), Gemma 3 prompt 0 at step 15 (0.026), Qwen 1.5B prompt 0 at
+# step 23 (0.114); the other prompts all 24 tokens. Bound one over. For scale, a model held to another prompt's
+# continuation leaves it at step 0 by 5-23 logits and at 6-14 of the 24 steps.
+MAX_NEAR_TIES = 2
 GREEDY_STEPS = 24
 
 
@@ -84,28 +85,45 @@ def case(request):
 
 
 @dataclass(frozen=True)
-class Greedy:
-    """Our greedy decoding of one golden prompt, up to where it first leaves llama.cpp's tokens."""
+class Divergence:
+    """One greedy step where our pick is not llama.cpp's token."""
 
-    matched: int  # tokens equal to llama.cpp's before the first divergence (GREEDY_STEPS: all)
-    got: int = -1  # at the divergence: our pick, llama.cpp's, and by how many logits ours led
-    want: int = -1
-    margin: float = 0.0
+    step: int
+    got: int  # our pick
+    want: int  # llama.cpp's
+    margin: float  # by how many logits ours led
 
 
-def greedy_run(model, item) -> Greedy:
+def greedy_run(model, item) -> list[Divergence]:
+    """Our greedy pick at each of llama.cpp's 24 steps, each step fed llama.cpp's token (teacher-forced), so a
+    near-tie that flips does not end the comparison: every step is compared, and every divergence is listed."""
     session = model.session()
     logits = session.eval(item["prompt_ids"])
+    divergences = []
     for step, want in enumerate(item["greedy_ids"][:GREEDY_STEPS]):
         got = int(np.argmax(logits))
         if got != want:
-            return Greedy(step, got, want, float(logits[got] - logits[want]))
-        logits = session.eval([got])
-    return Greedy(GREEDY_STEPS)
+            divergences.append(Divergence(step, got, want, float(logits[got] - logits[want])))
+        logits = session.eval([want])
+    return divergences
+
+
+def greedy_failures(name: str, runs: list[list[Divergence]]) -> list[str]:
+    """What is wrong with a model's greedy runs: a divergence that is no near-tie, or too many near-ties."""
+    failures = []
+    for k, divergences in enumerate(runs):
+        failures += [
+            f"prompt {k}, step {d.step}: {d.got} beat llama.cpp's {d.want} by {d.margin:.3f} logits"
+            for d in divergences
+            if d.margin >= NEAR_TIE[name]
+        ]
+        if len(divergences) > MAX_NEAR_TIES:
+            failures.append(f"prompt {k}: {len(divergences)} near-ties in {GREEDY_STEPS} steps: {divergences}")
+    return failures
 
 
 @pytest.fixture(scope="module")
-def greedy_runs(request) -> dict[str, list[Greedy]]:
+def greedy_runs(request) -> dict[str, list[list[Divergence]]]:
     """Each model's greedy runs over its golden prompts, decoded once for the tests below."""
     runs = {}
     for name, (model, golden) in REAL.items():
@@ -188,21 +206,22 @@ def test_greedy_continuations_match_llama_cpp(case, greedy_runs) -> None:
     """Greedy decoding follows llama.cpp's 24 tokens; where it leaves them, it is at a near-tie.
 
     llama.cpp rounds activations to 8 bits and its KV cache to 16, and so does the engine, in another order of
-    float sums: two candidates a few hundredths of a logit apart can swap places. Every prompt must match up to
-    its first divergence, and that must be a near-tie; the comparison stops there.
+    float sums: two candidates a few hundredths of a logit apart can swap places. Each step is fed llama.cpp's
+    token, so the comparison goes on past a flipped near-tie to the 24th token; a divergence that is no near-tie
+    fails, and so do more than MAX_NEAR_TIES near-ties in one prompt.
     """
     name = case[0]
-    for k, run in enumerate(greedy_runs[name]):
-        if run.matched < GREEDY_STEPS:
-            assert run.margin < NEAR_TIE[name], (
-                f"prompt {k}, step {run.matched}: {run.got} beat llama.cpp's {run.want} by {run.margin:.3f} logits"
-            )
+    assert not greedy_failures(name, greedy_runs[name]), greedy_runs[name]
 
 
-def test_greedy_all_tokens_match_for_some_prompts(greedy_runs) -> None:
-    """For each model, golden prompts continue exactly as llama.cpp's for all 24 tokens (see MIN_EXACT_GREEDY)."""
-    exact = {name: sum(run.matched == GREEDY_STEPS for run in runs) for name, runs in greedy_runs.items()}
-    assert all(exact[name] >= MIN_EXACT_GREEDY[name] for name in exact), (exact, greedy_runs)
+def test_greedy_check_fails_a_model_that_leaves_llama_cpp_at_step_0(smollm2_model, golden_smollm2) -> None:
+    """The check above can fail: SmolLM2 held to another prompt's continuation leaves it at step 0 by more than a
+    near-tie (every step compared, not only the first)."""
+    prompts = golden_smollm2["greedy"]
+    swapped = [{**prompts[0], "greedy_ids": prompts[1]["greedy_ids"]}]
+    runs = [greedy_run(smollm2_model, item) for item in swapped]
+    assert runs[0] and runs[0][0].step == 0
+    assert greedy_failures("smollm2", runs)
 
 
 def test_session_in_chunks_equals_fresh_logits(smollm2_model, golden_smollm2) -> None:

@@ -1,9 +1,8 @@
-"""Tokenizer tests: the real GGUF vocabularies against llama.cpp's ids in ../shared/golden, and small
+"""Tokenizer tests: the real GGUF vocabularies against llama.cpp's ids in tests/golden, and small
 synthetic vocabularies for the SentencePiece path, the pre-tokenizer fallbacks and the metadata errors."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,8 @@ from gguf import GGUFReader, GGUFValueType
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.tokenizer import StreamDecoder, Tokenizer
 
-MODELS_DIR = Path.home() / ".cache" / "chatapp" / "models"
-GOLDEN_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "golden"
-REAL_MODELS = {
-    "smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct-q4_1.json"),
-    "qwen2.5": ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.json"),
-}
+# name -> (the conftest fixture giving the model's path, pulled when missing; the conftest fixture of its golden)
+REAL_MODELS = {"smollm2": ("smollm2_path", "golden_smollm2"), "qwen2.5": ("qwen_path", "golden_qwen")}
 MULTIBYTE_TEXTS = [
     "你好，世界！今天天气很好。",
     "emoji 😀🚀 and symbols ∑∫√",
@@ -61,9 +56,9 @@ class RealModel:
 
 @pytest.fixture(scope="module", params=list(REAL_MODELS))
 def real(request: pytest.FixtureRequest) -> RealModel:
-    model_file, golden_file = REAL_MODELS[request.param]
-    meta = gguf_metadata(MODELS_DIR / model_file)  # slow (4-12 s): once per model per module
-    golden = json.loads((GOLDEN_DIR / golden_file).read_text(encoding="utf-8"))
+    path_fixture, golden_fixture = REAL_MODELS[request.param]
+    meta = gguf_metadata(request.getfixturevalue(path_fixture))  # slow (4-12 s): once per model per module
+    golden = request.getfixturevalue(golden_fixture)
     start = time.perf_counter()
     tok = Tokenizer.from_metadata(meta)
     return RealModel(request.param, meta, tok, golden, time.perf_counter() - start)

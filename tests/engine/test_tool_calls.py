@@ -141,7 +141,7 @@ def test_tools_and_tool_messages_go_through_the_real_qwen_template(qwen_model) -
         Message("assistant", "", (ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)),
         Message("tool", '{"temperature_c": 17}', tool_call_id="call_1", name="get_weather"),
     ]
-    text = tool_prompt.render(template, messages, [WEATHER])
+    text = tool_prompt.render(template, messages, [WEATHER]).text
     assert template.warning is None
     assert json.dumps(WEATHER["function"]["parameters"]) in text  # the template listed the tool itself
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
@@ -152,7 +152,7 @@ def test_tools_and_tool_messages_go_through_the_real_qwen_template(qwen_model) -
 def test_a_template_without_tool_syntax_gets_the_tools_in_its_system_prompt(smollm2_model) -> None:
     tok = smollm2_model.tokenizer
     template = ChatTemplate(smollm2_model.file.metadata["tokenizer.chat_template"], "", tok.detokenize([tok.eos_id]))
-    text = tool_prompt.render(template, [Message("system", "Be brief."), Message("user", "Hi")], [WEATHER])
+    text = tool_prompt.render(template, [Message("system", "Be brief."), Message("user", "Hi")], [WEATHER]).text
     system = text.split("<|im_end|>")[0]
     assert "Be brief." in system and '"name": "get_weather"' in system and '{"tool_calls": [' in system
 
