@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .constraint import ConstraintState, GrammarSpec, compile_grammar
-from .errors import SettingsError
+from .errors import GrammarError, SettingsError
 from .events import (
     STOP_CANCELLED,
     STOP_CONTEXT,
@@ -39,6 +39,7 @@ from .template import ChatTemplate
 from .tokenizer import Tokenizer
 from .tool_calls import parse_reply
 from .tool_calls import prompt as tool_prompt
+from .tool_calls.grammar import tool_grammar
 from .tool_calls.reasoning import split_reasoning
 from .untrusted_text import RenderedPrompt
 
@@ -163,7 +164,10 @@ class ChatSession:
         constraint: a grammar the reply must match (engine.constraint); the reply ends when it is complete.
         logit_bias: token id -> value added to its logit before sampling; -100 or less bans the token.
         Raises GrammarError (bad constraint) or SettingsError (bad logit_bias) before any token.
+        With tools and no constraint, calls are held to the tools' schemas from the format's trigger text on.
         """
+        if tools and constraint is None:
+            constraint = self._calls_grammar(tools)
         shaper = _LogitShaper.build(self.model.tokenizer, constraint, logit_bias)
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
@@ -181,6 +185,16 @@ class ChatSession:
                 parsed = parse_reply(answer, tool_prompt.call_format(self.template))
                 event = replace(event, reply=parsed.content, tool_calls=parsed.calls, reasoning=reasoning)
             yield event
+
+    def _calls_grammar(self, tools: Sequence[ToolSpec]) -> GrammarSpec | None:
+        """The lazy grammar for calls to `tools`; None (and a warning) when their schemas cannot be compiled."""
+        spec = tool_grammar(tool_prompt.call_format(self.template).name, tools, lazy=True)
+        try:
+            compile_grammar(self.model.tokenizer, spec)  # cached: the turn compiles it again for free
+        except GrammarError as e:
+            self.model.warnings.append(f"tool calls are not constrained: {e}")
+            return None
+        return spec
 
     def stream_completion(
         self,

@@ -62,17 +62,17 @@ class CallStream:
                 if m is None or m.end() >= len(self.text):
                     break
                 self.args_at = m.end()
-            end = value_end(self.text, self.args_at)
-            if end is None and not self.text.startswith("{", self.args_at):
+            value_at = value_end(self.text, self.args_at)
+            if value_at is None and not self.text.startswith("{", self.args_at):
                 break  # only an object is streamed as it grows
-            upto = end if end is not None else len(self.text)
+            upto = value_at if value_at is not None else len(self.text)
             new = self.text[self.args_at + len(self.args[-1]) : upto]
             if new:
                 self.args[-1] += new
                 out.append(Delta(index=len(self.ids) - 1, arguments=new))
-            if end is None:
+            if value_at is None:
                 break
-            self.open, self.pos = False, end
+            self.open, self.pos = False, value_at
         return out
 
     def finish(self, reply: str) -> tuple[list[Delta], Parsed]:

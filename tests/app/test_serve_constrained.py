@@ -103,7 +103,7 @@ def test_llama_server_grammar_and_json_schema_fields(qserver: Server) -> None:
         ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "json_schema"),
         ({"logit_bias": {"12": 101}}, "logit_bias['12']"),
         ({"logit_bias": {"999999999": 5}}, "logit_bias"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),  # the legacy field; tools are honoured
         ({"grammar_triggers": [{"type": "word", "value": "x"}]}, "grammar_triggers"),
         ({"modalities": ["text", "audio"]}, "modalities"),
     ],
