@@ -27,6 +27,8 @@ from .kernels import (
     embedding_rows,
     float_products_active,
     geglu,
+    gelu_rows,
+    layer_norm_rows,
     matmul,
     rms_norm_rows,
     rope_into_cache,
@@ -278,8 +280,8 @@ class Model:
             x = x[-1:]
         if self.offload is not None and self.offload.runs_output:
             return self.offload.output(x)
-        x = self._norm(x, w.output_norm, w.output_norm_b)
-        logits = matmul(w.output, x)  # (t, n_vocab)
+        x = self._norm(x, w.output_norm, w.output_norm_b, rowwise=rowwise)
+        logits = matmul(w.output, x, rowwise=rowwise)  # (t, n_vocab)
         return soft_cap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
     def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, rowwise: bool) -> None:
@@ -289,9 +291,9 @@ class Model:
 
         def product(name: str, m: WeightMatrix, h: np.ndarray, again: bool = False) -> np.ndarray:
             """(t, m.rows) in `name`; again: h is the last product's input, unchanged."""
-            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work, same_input=again)
+            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work, same_input=again, rowwise=rowwise)
 
-        h = self._norm(x, lw.attn_norm, lw.attn_norm_b, out=work.take("norm", x.shape))
+        h = self._norm(x, lw.attn_norm, lw.attn_norm_b, out=work.take("norm", x.shape), rowwise=rowwise)
         biases = lw.bqkv or (None, None, None)
         q, k, v = (
             self._bias(product(n, m, h, again=n != "q"), b) for n, m, b in zip("qkv", lw.wqkv, biases, strict=True)
@@ -312,12 +314,12 @@ class Model:
         if lw.post_attn_norm is not None:
             rms_norm_rows(o, lw.post_attn_norm, eps, out=o)
         x += o
-        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b, out=work.take("norm", x.shape))
+        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b, out=work.take("norm", x.shape), rowwise=rowwise)
         if cfg.spec.ffn in ("swiglu", "geglu"):  # (t, d_ff): act(gate) * up, into gate's buffer
             gate, up = product("gate", lw.w_gate, h), product("up", lw.w_up, h, again=True)
             h = (swiglu if cfg.spec.ffn == "swiglu" else geglu)(gate, up, out=gate)
         else:
-            h = gelu(self._bias(product("up", lw.w_up, h), lw.b_up))
+            h = (gelu_rows if rowwise else gelu)(self._bias(product("up", lw.w_up, h), lw.b_up))
         f = self._bias(product("down", lw.w_down, h), lw.b_down)  # (t, d)
         if lw.post_ffn_norm is not None:
             rms_norm_rows(f, lw.post_ffn_norm, eps, out=f)
@@ -352,10 +354,13 @@ class Model:
         return layers
 
     def _norm(
-        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None
-    ) -> np.ndarray:
+        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None,
+        rowwise: bool = False,
+    ) -> np.ndarray:  # fmt: skip
         if self.cfg.spec.norm == "rms":
             return rms_norm_rows(x, weight, self.cfg.norm_eps, out=out)
+        if rowwise:  # each row as the one-token layer normalizes it
+            return layer_norm_rows(x, weight, bias, self.cfg.norm_eps, out=out)
         return layer_norm(x, weight, bias, self.cfg.norm_eps)
 
     @staticmethod

@@ -325,9 +325,12 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
 
 def matmul(
     w: WeightMatrix, xs: np.ndarray, *, exact: bool | None = None, out: np.ndarray | None = None,
-    scratch: Scratch | None = None, same_input: bool = False,
+    scratch: Scratch | None = None, same_input: bool = False, rowwise: bool = False,
 ) -> np.ndarray:  # fmt: skip
     """xs (t, cols) @ W.T -> (t, rows) float32, into out where given (C-contiguous).
+
+    Packed types give each row `matvec`'s result bit for bit at any t. With rowwise, so do the float types
+    (F16, BF16 by floats.matmul_rows, F32 by one `matvec` a row), where BLAS's sums would otherwise depend on t.
 
     Repacked types run the decode kernels on every row of xs, each quantized to int8 per 32 values as in
     `matvec` (into scratch's buffers where given); the others (and `exact=True`) dequantize W a tile at a
@@ -341,6 +344,14 @@ def matmul(
     out = np.empty((t, w.rows), dtype=np.float32) if out is None else out
     if t == 1 and not exact:
         matvec(w, xs[0], out[0])
+        return out
+    if rowwise and not exact and w.ggml_type in FLOAT_TYPES:
+        xs = np.ascontiguousarray(xs, dtype=np.float32)
+        if w.ggml_type == f32.TYPE:  # matvec's BLAS product, a row at a time (F32 matrices: small test models)
+            for i in range(t):
+                np.matmul(w.data, xs[i], out=out[i])
+        else:
+            floats.matmul_rows(w.data, w.ggml_type == bf16.TYPE, xs, out)
         return out
     if w.ggml_type == f32.TYPE:
         return np.matmul(xs, w.data.T, out=out)
@@ -460,6 +471,22 @@ def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | No
     out = np.empty_like(x) if out is None else out
     decode.rms_norm_rows(x, w, eps, out)
     return out
+
+
+def layer_norm_rows(
+    x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float, out: np.ndarray | None = None
+) -> np.ndarray:
+    """LayerNorm of every row of x (t, d) float32 -> (t, d), each as the decode layer's; into out where given."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty_like(x) if out is None else out
+    decode.layer_norm_rows(x, w, b, eps, out)
+    return out
+
+
+def gelu_rows(x: np.ndarray) -> np.ndarray:
+    """GELU (tanh form) of x (t, n) float32 in place, each value as the decode layer's; returns x."""
+    decode.gelu_rows(x)
+    return x
 
 
 def rope_into_cache(

@@ -106,6 +106,21 @@ def rms_norm_rows(x, w, eps, out):
 
 
 @njit(parallel=True, cache=True, nogil=True)
+def layer_norm_rows(x, w, b, eps, out):
+    """out (t, d) = each row of x (t, d) through `layer_norm`, as `layer` normalizes a token."""
+    for i in prange(x.shape[0]):
+        layer_norm(x[i], w, b, eps, out[i])
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def gelu_rows(x):
+    """x (t, n) in place through `gelu_tanh`, as `layer` applies the ungated FFN's activation to a token."""
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            x[i, j] = gelu_tanh(x[i, j])
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def rope_into_cache(q, k, v, start, cos, sin, shape, kc, vc):
     """A prompt's q, k, v as `layer` treats one token's, row i at position start + i.
 

@@ -92,6 +92,15 @@ def matvec_serial(w, bf16, x, out):
         out[r] = _row_dot(w, r, x, bf16)
 
 
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def matmul_rows(w, bf16, xs, out):
+    """xs (t, n) @ W.T -> out (t, d), each token's row as `matvec` computes it alone (same dot, same order);
+    rows of W in parallel, each read once for all the tokens."""
+    for r in prange(w.shape[0]):
+        for i in range(xs.shape[0]):
+            out[i, r] = _row_dot(w, r, xs[i], bf16)
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def matmul(sgemm_fn, w, bf16, xs, n_threads, out):
     """xs (t, n) float32 @ W.T -> out (t, d): each parallel item widens about BLOCK_ROWS rows of W and calls the

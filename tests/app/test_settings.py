@@ -196,3 +196,13 @@ def test_incomplete_bundled_defaults_are_an_error(tmp_path: Path, user_config: P
     defaults.write_text(defaults_file().read_text().replace("top_k = 40", ""))
     with pytest.raises(ConfigError, match=f"^{defaults}: missing key 'sampling.top_k'$"):
         load_settings({}, defaults=defaults)
+
+
+def test_deterministic_from_the_config_and_the_command_line() -> None:
+    """Off by default (it slows prefill); `deterministic = true` or `--deterministic` turns it on."""
+    from chatapp.cli import _overrides, build_parser
+    from chatapp.settings import load_settings
+
+    assert load_settings().deterministic is False
+    assert _overrides(build_parser().parse_args(["serve"])).get("deterministic") is None
+    assert load_settings(_overrides(build_parser().parse_args(["serve", "--deterministic"]))).deterministic is True
