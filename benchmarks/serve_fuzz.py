@@ -85,7 +85,9 @@ def main() -> None:
         failures: list[str] = []
         t0 = time.perf_counter()
 
-        @settings(max_examples=args.requests, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=max(args.requests, 1), deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         @given(requests)
         def one(call: Call) -> None:
             try:

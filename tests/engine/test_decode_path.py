@@ -134,10 +134,17 @@ def _reference_eval(session, ids: list[int]) -> np.ndarray:
         session.model.fused_decode = True
 
 
+FUSED_BOUND = 0.04  # see test_fused_decode_matches_the_reference_path
+
+
 @pytest.mark.parametrize("model_name", ["smollm2_model", "qwen_model", "gemma3_model"])
 def test_fused_decode_matches_the_reference_path(model_name: str, request) -> None:
-    """Token by token, the fused path and the reference path give the same logits to int8-rounding noise
-    (measured on SmolLM2: at most 2.5% of the logits' spread, correlation 0.9995, same top-1 outside near-ties)."""
+    """Token by token, the fused path and the reference path give the same logits to int8-rounding noise.
+
+    Measured (6 steps): 2.5% of the logits' spread on SmolLM2 when the reference path's norms ran in NumPy; on an
+    Intel Xeon (family 6 model 207, AVX-512 VNNI, AMX, 2 threads; 2026-12-06) 0 on SmolLM2, Qwen 0.5B and Gemma 3,
+    the same logits and keys to the bit. Bound FUSED_BOUND (1.6x the older 2.5%, for CPUs whose float sums still
+    differ between the paths), half compare.INT8_BOUND."""
     model = request.getfixturevalue(model_name)
     prompt = model.tokenize("The capital of France is Paris. The capital of Italy is")
     assert model._fast_layers() is not None, "every real model must take the fused path"
@@ -148,12 +155,13 @@ def test_fused_decode_matches_the_reference_path(model_name: str, request) -> No
     for _ in range(6):
         a = fused.eval([tok])
         b = _reference_eval(ref, [tok])
-        assert_close_logits(a, b)
+        assert_close_logits(a, b, FUSED_BOUND)
         tok = int(b.argmax())
-    # Both caches hold f16-rounded keys/values of the same positions, equal to rounding noise.
+    # Both caches hold f16-rounded keys/values of the same positions, equal to rounding noise: measured 0 on the
+    # Xeon above for the three models; the bound is 10x float16's relative rounding (2**-11 ~ 0.05%) at the max.
     n = fused.n_past
     k_fused, k_ref = (np.stack([k[:, :n] for k in c.cache.k]).astype(np.float32) for c in (fused, ref))
-    assert np.abs(k_fused - k_ref).max() <= 0.05 * np.abs(k_ref).max()
+    assert np.abs(k_fused - k_ref).max() <= 0.005 * np.abs(k_ref).max()
 
 
 @pytest.mark.parametrize("model_name", ["smollm2_model", "qwen_model", "gemma3_model", "qwen15_model"])
