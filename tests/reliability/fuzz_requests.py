@@ -224,14 +224,14 @@ def rss_mb(pid: int) -> float:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
-def greedy_reply(url: str, content: str, timeout: float = 120, flush_slots: int = 0) -> str:
+def greedy_reply(url: str, content: str, timeout: float = 120, flush_slots: int = 0, max_tokens: int = 24) -> str:
     """The greedy reply to one user message. With `flush_slots`, first that many one-token prompts that share no
     prefix with any chat take every slot, so the message is computed in one pass, whatever the cache held (a reply
     on a near tie can depend on how its prompt was split into passes, until prefill is made batch-invariant)."""
     for i in range(flush_slots):
         flush = {"prompt": [5000 + i], "max_tokens": 1}
         assert httpx.post(f"{url}/v1/completions", json=flush, timeout=timeout).status_code == 200
-    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 24}
+    body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": max_tokens}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"]
