@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine.chat import ChatSession, common_prefix
-from engine.events import STOP_CANCELLED, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
+from engine.events import STOP_CANCELLED, STOP_CONTEXT, STOP_EOS, STOP_LENGTH, Message, TokenEvent, TurnStats
 from engine.kernels import float_products
 from engine.sampling import SamplingSettings
 from engine.template import ChatTemplate
@@ -211,3 +211,33 @@ def test_repeat_last_n_minus_one_penalises_the_whole_context(smollm2_model) -> N
     assert set(off) & set(prompt) or len(set(off)) < len(off), "the check below could not fail on this prompt"
     prompt, whole = reply_ids(-1)
     assert not set(whole) & set(prompt) and len(set(whole)) == len(whole)
+
+
+def test_a_reply_that_fills_the_context_stops_with_context(smollm2_model) -> None:
+    """One message and no end-of-turn token: nothing can be dropped, so the reply runs until the cache is full and
+    ends with STOP_CONTEXT (not STOP_LENGTH: max_tokens is far beyond the context)."""
+    n_ctx = 64
+    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=10_000), n_ctx=n_ctx)
+    chat.stop_ids = set()  # as the server's ignore_eos does
+    events, stats = run(chat, [Message("user", "Count from one upwards.")])
+    assert stats.stop_reason == STOP_CONTEXT
+    assert stats.context_shifts == 0 and stats.dropped_messages == 0
+    # The last token needs no place in the cache: prompt and reply come to one more than the context.
+    assert stats.prompt_tokens + stats.generated_tokens == n_ctx + 1
+    assert len(events) == stats.generated_tokens
+    assert stats.n_ctx_used <= n_ctx
+
+
+def test_a_message_longer_than_the_context_yields_only_context_stats(smollm2_model) -> None:
+    """A message the context cannot hold, even alone: no tokens, one TurnStats saying so, and the cache untouched."""
+    n_ctx = 64
+    chat = ChatSession(smollm2_model, GREEDY, n_ctx=n_ctx)
+    run(chat, [Message("user", "Hi.")])
+    cached = list(chat.cached_tokens)
+    long = Message("user", "apple " * 200)
+    assert len(chat.prompt_tokens([long])) > n_ctx
+    events, stats = run(chat, [long])
+    assert events == []
+    assert stats.stop_reason == STOP_CONTEXT
+    assert (stats.prompt_tokens, stats.generated_tokens, stats.reply) == (0, 0, "")
+    assert chat.cached_tokens == cached

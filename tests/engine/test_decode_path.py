@@ -137,15 +137,8 @@ def _reference_eval(session, ids: list[int]) -> np.ndarray:
 FUSED_BOUND = 0.04  # see test_fused_decode_matches_the_reference_path
 
 
-@pytest.mark.parametrize("model_name", ["smollm2_model", "qwen_model", "gemma3_model"])
-def test_fused_decode_matches_the_reference_path(model_name: str, request) -> None:
-    """Token by token, the fused path and the reference path give the same logits to int8-rounding noise.
-
-    Measured (6 steps): 2.5% of the logits' spread on SmolLM2 when the reference path's norms ran in NumPy; on an
-    Intel Xeon (family 6 model 207, AVX-512 VNNI, AMX, 2 threads; 2026-12-06) 0 on SmolLM2, Qwen 0.5B and Gemma 3,
-    the same logits and keys to the bit. Bound FUSED_BOUND (1.6x the older 2.5%, for CPUs whose float sums still
-    differ between the paths), half compare.INT8_BOUND."""
-    model = request.getfixturevalue(model_name)
+def check_fused_logits(model):  # -> (fused session, reference session)
+    """Six tokens decoded on the fused path and on the reference path: logits within FUSED_BOUND at each."""
     prompt = model.tokenize("The capital of France is Paris. The capital of Italy is")
     assert model._fast_layers() is not None, "every real model must take the fused path"
     fused, ref = model.session(), model.session()
@@ -157,6 +150,19 @@ def test_fused_decode_matches_the_reference_path(model_name: str, request) -> No
         b = _reference_eval(ref, [tok])
         assert_close_logits(a, b, FUSED_BOUND)
         tok = int(b.argmax())
+    return fused, ref
+
+
+@pytest.mark.parametrize("model_name", ["smollm2_model", "qwen_model", "gemma3_model"])
+def test_fused_decode_matches_the_reference_path(model_name: str, request) -> None:
+    """Token by token, the fused path and the reference path give the same logits to int8-rounding noise.
+
+    Measured (6 steps): 2.5% of the logits' spread on SmolLM2 when the reference path's norms ran in NumPy; on an
+    Intel Xeon (family 6 model 207, AVX-512 VNNI, AMX, 2 threads; 2026-12-06) 0 on SmolLM2, Qwen 0.5B and Gemma 3,
+    the same logits and keys to the bit. Bound FUSED_BOUND (1.6x the older 2.5%, for CPUs whose float sums still
+    differ between the paths), half compare.INT8_BOUND."""
+    model = request.getfixturevalue(model_name)
+    fused, ref = check_fused_logits(model)
     # Both caches hold f16-rounded keys/values of the same positions, equal to rounding noise: measured 0 on the
     # Xeon above for the three models; the bound is 10x float16's relative rounding (2**-11 ~ 0.05%) at the max.
     n = fused.n_past

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -259,37 +260,57 @@ async def test_the_saved_chats_list_shows_the_folder_size(isolated_dirs) -> None
         assert app.screen.query_one("#conversations").border_subtitle == "saved KV caches: 3 MB"
 
 
-def resident_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from Linux's /proc")
+def resident_pages(cache: KVCache) -> int:
+    """Pages of the cache's own arrays that are in memory, by mincore(2): exact, and blind to whatever else
+    the process allocates or frees meanwhile (a whole-process RSS reading is not)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+    total = 0
+    for a in (cache.k, cache.v):  # one array each without a ring (SmolLM2)
+        lo = a.ctypes.data & ~(PAGE - 1)
+        n = -(-(a.ctypes.data + a.nbytes - lo) // PAGE)
+        vec = (ctypes.c_ubyte * n)()
+        assert libc.mincore(lo, n * PAGE, vec) == 0, os.strerror(ctypes.get_errno())
+        total += sum(b & 1 for b in vec)
+    return total
+
+
+def pages_of_positions(cache: KVCache, n_pos: int) -> tuple[int, int]:
+    """(fewest, most) pages that positions [0, n_pos) of every head and layer, k and v, can lie on: each head's
+    run of positions is contiguous and may straddle one more page than its length needs."""
+    per_head = n_pos * cache.k.shape[-1] * cache.k.itemsize
+    heads = 2 * cache.k.shape[0] * cache.k.shape[1]
+    return heads * -(-per_head // PAGE), heads * (-(-per_head // PAGE) + 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pages are counted with Linux's mincore")
 def test_a_new_cache_holds_only_the_positions_it_is_given(smollm2_model) -> None:
     """The KV cache is allocated in small pages: restoring (or evaluating) the first positions commits their
     pages, not the whole cache, which NumPy's huge pages would zero and commit 2 MB at a time."""
     cache = KVCache(smollm2_model.cfg, 8192)
-    before = resident_bytes()
+    assert resident_pages(cache) == 0
     cache.k[:, :, :32] = 1.0
     cache.v[:, :, :32] = 1.0
-    grown = resident_bytes() - before
+    fewest, most = pages_of_positions(cache, 32)
+    assert fewest <= resident_pages(cache) <= most, f"{resident_pages(cache)} pages for 32 of 8192 positions"
     assert (cache.k[:, :, 32:] == 0).all() and (cache.k[:, :, :32] == 1).all()
-    assert grown < cache.nbytes // 8, f"{grown / 1e6:.1f} MB resident for 32 of 8192 positions"
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from Linux's /proc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pages are counted with Linux's mincore")
 def test_a_pass_faults_in_its_positions_ahead_a_step_at_a_time(smollm2_model) -> None:
     """`reserve` makes the pages of the positions a pass will write resident beforehand (one madvise per head
     and layer, from one thread), a step of positions at a time, never past the context, and keeps the bytes
     already there."""
     cache = KVCache(smollm2_model.cfg, 600)
     cache.k[:, :, 3] = 2.0
-    per_position = cache.nbytes // cache.n_ctx
-    before = resident_bytes()
     cache.reserve(10)
-    grown = resident_bytes() - before
     assert cache.resident == RESERVE_STEP
-    # the step's pages, give or take a page per head and layer; nothing of the rest of the cache
-    assert RESERVE_STEP * per_position * 0.9 <= grown <= (RESERVE_STEP + 64) * per_position, grown
+    # exactly the step's pages (a page more per head where a run straddles one); nothing of the rest of the cache
+    fewest, most = pages_of_positions(cache, RESERVE_STEP)
+    assert fewest <= resident_pages(cache) <= most, (resident_pages(cache), fewest, most)
     cache.reserve(RESERVE_STEP)  # within the step: nothing more
     assert cache.resident == RESERVE_STEP
     cache.reserve(RESERVE_STEP + 1)

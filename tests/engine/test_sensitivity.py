@@ -19,9 +19,10 @@ import engine.model
 import engine.sampling
 from engine import load_model
 from engine.chat import ChatSession
-from engine.events import STOP_CANCELLED, TokenEvent, TurnStats
+from engine.events import STOP_CANCELLED, Message, TokenEvent, TurnStats
 from engine.kernels import WeightMatrix, float_products
 from engine.model import Model
+from engine.sampling import SamplingSettings
 
 from . import oracle
 from .compare import assert_cache_exactly_fresh, assert_cache_matches_fresh, assert_matches_reference
@@ -206,3 +207,57 @@ def test_cancel_dropping_the_reply_fails_the_cancel_check(smollm2_model, monkeyp
     monkeypatch.setattr(ChatSession, "_generate", forget_on_cancel)
     with pytest.raises(AssertionError):
         check_cancel_keeps_the_reply(ChatSession(smollm2_model), assert_cache_matches_fresh)
+
+
+# --- the fused one-token path: FUSED_BOUND and INT8_BOUND -------------------------------------------------
+
+
+def fused_attn_norm_scaled(model: Model, layer: int, factor: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused path's copy of one layer's attention-norm weight scaled by `factor`: that block's activations
+    (q, k, v inputs) come out off by that much on the one-token path only; the per-op path reads the model's own."""
+    real = engine.model.DecodeLayer
+    built: list[int] = []
+
+    class Faulty(real):
+        def __init__(self, norms, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003 - DecodeLayer's own
+            if len(built) == layer:
+                norms = (norms[0] * np.float32(factor), *norms[1:])
+            built.append(1)
+            super().__init__(norms, *args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "DecodeLayer", Faulty)
+    monkeypatch.setattr(model, "_decode_layers", False)  # rebuilt, with the fault, on the next token
+
+
+def test_perturbed_fused_activation_scale_fails_fused_bound(smollm2_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One middle block's activations 50% high on the fused path: test_decode_path's FUSED_BOUND check fails.
+
+    Measured on SmolLM2 (Intel Xeon family 6 model 207, AVX-512 VNNI, AMX, 2 threads; 2026-12-06), worst of the six
+    steps as a share of the spread: 0 unfaulted; middle block x1.02 0.019, x1.1 0.021, x1.5 0.068, x-1 0.20;
+    first block x1.1 0.024, x1.5 0.21. So FUSED_BOUND (0.04) misses a 10% scale error in one block."""
+    from .test_decode_path import check_fused_logits
+
+    check_fused_logits(smollm2_model)
+    fused_attn_norm_scaled(smollm2_model, smollm2_model.cfg.n_layer // 2, 1.5, monkeypatch)
+    with pytest.raises(AssertionError, match="of the spread"):
+        check_fused_logits(smollm2_model)
+    monkeypatch.undo()
+    smollm2_model._decode_layers = False  # the real layers again for the other tests
+
+
+def test_perturbed_fused_activation_scale_fails_int8_bound(smollm2_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same fault: a reply decoded on the fused path leaves a cache whose next logits miss a fresh (prefill)
+    evaluation by more than compare.INT8_BOUND."""
+    messages = [Message("user", "Name three rivers in Europe.")]
+
+    def check() -> None:
+        chat = ChatSession(smollm2_model, SamplingSettings(temperature=0.0, max_tokens=16))
+        list(chat.stream_reply(messages))
+        assert_cache_matches_fresh(chat)  # default bound: INT8_BOUND
+
+    check()
+    fused_attn_norm_scaled(smollm2_model, smollm2_model.cfg.n_layer // 2, 1.5, monkeypatch)
+    with pytest.raises(AssertionError, match="of the spread"):
+        check()
+    monkeypatch.undo()
+    smollm2_model._decode_layers = False

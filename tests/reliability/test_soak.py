@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 TURNS = 300
 N_CTX = 512
+GROWTH_BOUND_MIB = 10  # see the end of the test
 TOPICS = (
     "the moon", "bread", "rivers", "chess", "volcanoes", "bees", "trains", "glass", "owls", "maps",
     "salt", "kites", "clocks", "coral", "paper", "wind",
@@ -61,4 +62,8 @@ def test_300_turns_in_a_512_token_context(smollm2_model) -> None:
     growth = rss_at[TURNS] - rss_at[20]
     readings = ", ".join(f"turn {t}: {mb:.0f}" for t, mb in rss_at.items())
     print(f"\nsoak: {TURNS} turns in {elapsed:.0f} s; {shifts} shifts; RSS MiB {readings}")
-    assert growth <= 30, f"RSS grew {growth:.1f} MiB between turn 20 and turn {TURNS}"
+    # Measured on an Intel Xeon (family 6 model 207, AVX-512 VNNI, AMX, 2 threads; 2026-12-06, machine shared):
+    # 241, 241, 242, 242 MiB at turns 20, 100, 200, 300, so about 1 MiB of growth. Bound 10 MiB (was 30): room for
+    # other allocators and BLAS builds, while a leak of 40 KB a turn (one SmolLM2 position of KV cache is 23 KB)
+    # still fails.
+    assert growth <= GROWTH_BOUND_MIB, f"RSS grew {growth:.1f} MiB between turn 20 and turn {TURNS}"
