@@ -14,6 +14,13 @@ medians and the ratios ours / llama.cpp. llama-cpp-python is never a project dep
 Also measured, for both engines: a follow-up turn of 40 tokens after 600 cached ones, against the same new
 tokens in a fresh session (best of 5 each); and our start-up time with warm caches.
 
+--generate llama-3b,llama-8b measures random-weight files of those shapes (benchmarks/make_gguf.py, --mix, default
+Q4_K_M-like; SmolLM2's vocabulary), made once into the user cache (delete `<user cache>/bench-files/` to free
+the disk): the sizes people run, without downloading them.
+
+--depth 4000,16000 also measures decode after a prompt that long (--depth-gen greedy tokens, default 32),
+for every model: attention's share of a token grows with the cache.
+
 --requantize Q5_K_M,Q3_K_S,... also measures each model re-quantized to those llama.cpp file types (by
 llama.cpp's own quantizer, through --llama-python; kept in the user cache). Re-quantizing an already quantized
 file loses quality, so these files are for speed, not for chatting.
@@ -55,8 +62,10 @@ else:
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter(); llm.eval(prompt); prefill_s = time.perf_counter() - t1
     t2 = time.perf_counter()
-    for _ in range(n_gen):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+    import llama_cpp
+    for _ in range(n_gen):  # llm.scores holds no logits without logits_all (0.3.x): read the context's own
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+        llm.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
 import os
 print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
@@ -129,6 +138,23 @@ def requantized(python: str, src: Path, ftype: str) -> Path:
     return dst
 
 
+def generated(preset: str, mix: str) -> Path:
+    """benchmarks/make_gguf.py's random-weight file of `preset` and `mix`, made once and cached."""
+    from chatapp.paths import user_cache_dir
+
+    dst = user_cache_dir() / "bench-files" / f"{preset}-{mix}-seed0.gguf"
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_suffix(".part")
+        maker = Path(__file__).resolve().parent / "make_gguf.py"
+        out = subprocess.run([sys.executable, maker, "--preset", preset, "--mix", mix, "-o", tmp, "--seed", "0"],
+                             capture_output=True, text=True)  # fmt: skip
+        if out.returncode != 0:
+            raise RuntimeError(f"making the {preset} {mix} file failed:\n{out.stderr[-2000:]}")
+        tmp.rename(dst)
+    return dst
+
+
 def run_worker(python: str, code: str, *args: str) -> dict:
     repo = Path(__file__).resolve().parents[1]
     out = subprocess.run([python, "-c", code, *args], capture_output=True, text=True, cwd=repo, timeout=1800)
@@ -162,7 +188,11 @@ def cpu_description() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", action="append", required=True, help="catalog name or .gguf path")
+    ap.add_argument("-m", "--model", action="append", default=[], help="catalog name or .gguf path")
+    ap.add_argument("--generate", default="", help="comma-separated make_gguf presets, e.g. llama-3b,llama-8b")
+    ap.add_argument("--mix", default="q4_k_m", help="the generated files' type mix (make_gguf --mix)")
+    ap.add_argument("--depth", default="", help="comma-separated prompt depths for extra decode runs, e.g. 4000,16000")
+    ap.add_argument("--depth-gen", type=int, default=32, help="greedy tokens decoded at each --depth")
     ap.add_argument("--llama-python", help="an interpreter with llama-cpp-python installed")
     ap.add_argument("-p", "--n-prompt", type=int, default=256)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
@@ -170,36 +200,51 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requantize", default="", help="comma-separated llama.cpp file types, e.g. Q5_K_M,Q3_K_S")
     args = ap.parse_args()
+    presets = list(filter(None, args.generate.split(",")))
+    if not args.model and not presets:
+        ap.error("name a model (-m) or a file to generate (--generate)")
+    try:
+        depths = [int(d) for d in filter(None, args.depth.split(","))]
+    except ValueError:
+        ap.error(f"--depth takes comma-separated token counts, not {args.depth!r}")
+    if any(d < 1 for d in depths) or args.depth_gen < 1:
+        ap.error("--depth and --depth-gen must be positive")
 
     from chatapp.catalog import resolve_model
 
     targets = []  # (label, path)
-    for spec in args.model:
-        src = resolve_model(spec)
+    sources = [(spec, resolve_model(spec)) for spec in args.model]
+    sources += [(f"{preset} random {args.mix}", generated(preset, args.mix)) for preset in presets]
+    for spec, src in sources:
         targets.append((spec, src))
         for ftype in filter(None, args.requantize.split(",")):
             if not args.llama_python:
                 ap.error("--requantize needs --llama-python")
             targets.append((f"{spec} → {ftype}", requantized(args.llama_python, src, ftype)))
 
-    rows = []
-    for spec, target in targets:
-        path = str(target)
+    def measure(path: str, n_prompt: int, n_gen: int) -> dict[str, dict[str, float]]:
+        """Median over the rounds of each engine's WORKER results, the engines alternating."""
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
-        common = (path, str(args.n_prompt), str(args.n_gen), str(args.threads))
-        run_worker(sys.executable, WORKER, "ours", *common)  # compile / warm the caches once
+        common = (path, str(n_prompt), str(n_gen), str(args.threads))
         for _ in range(args.rounds):
             results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
             if args.llama_python:
                 results["llama.cpp"].append(run_worker(args.llama_python, WORKER, "llama", *common))
             for eng, runs in results.items():
                 if runs:
-                    r = runs[-1]
-                    print(f"  {Path(path).name} {eng}: prefill {r['prefill_tok_s']:.1f}, decode {r['decode_tok_s']:.1f}"
-                          f"{' (spinning)' if r.get('spinning') else ''}", file=sys.stderr)  # fmt: skip
-        med = {
+                    r, spin = runs[-1], " (spinning)" if runs[-1].get("spinning") else ""
+                    print(f"  {Path(path).name} p{n_prompt} {eng}: prefill {r['prefill_tok_s']:.1f}, decode "
+                          f"{r['decode_tok_s']:.1f}{spin}", file=sys.stderr)  # fmt: skip
+        return {
             eng: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for eng, runs in results.items() if runs
         }
+
+    rows, depth_rows = [], []
+    for spec, target in targets:
+        path = str(target)
+        run_worker(sys.executable, WORKER, "ours", path, str(args.n_prompt), str(args.n_gen), str(args.threads))
+        med = measure(path, args.n_prompt, args.n_gen)  # the first run above compiled / warmed the caches
+        depth_rows += [(spec, depth, measure(path, depth, args.depth_gen)) for depth in depths]
         follow = {"ours": run_worker(sys.executable, FOLLOW_UP, "ours", path, str(args.threads))}
         if args.llama_python:
             follow["llama.cpp"] = run_worker(args.llama_python, FOLLOW_UP, "llama", path, str(args.threads))
@@ -222,6 +267,17 @@ def main() -> int:
                 f"| {spec} | **ratio** | {o['prefill_tok_s'] / ref['prefill_tok_s']:.2f}× "
                 f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
             )
+    if depth_rows:
+        print(f"\nAt depth: decode {args.depth_gen} tokens after a prompt of DEPTH tokens, median of {args.rounds}")
+        print("\n| model | depth | engine | prefill tok/s | decode tok/s | peak RSS MB |\n|---|---|---|---|---|---|")
+        for spec, depth, med in depth_rows:
+            for eng, m in med.items():
+                print(f"| {spec} | {depth} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} "
+                      f"| {m['peak_rss_mb']:.0f} |")  # fmt: skip
+            if "llama.cpp" in med:
+                o, ref = med["ours"], med["llama.cpp"]
+                ratios = (o[k] / ref[k] for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_mb"))
+                print(f"| {spec} | {depth} | **ratio** | " + " | ".join(f"{r:.2f}×" for r in ratios) + " |")
     print()
     for spec, _, follow, start in rows:
         turns = ", ".join(
