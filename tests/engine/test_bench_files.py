@@ -38,11 +38,15 @@ def tiny_file(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> P
     return path
 
 
-def test_blocks_decode_to_finite_modest_weights(tiny_file: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_reader(tiny_file: Path) -> gguf.GGUFReader:
+    return gguf.GGUFReader(tiny_file)  # parsing 98k vocabulary strings takes seconds: once per module
+
+
+def test_blocks_decode_to_finite_modest_weights(tiny_reader: gguf.GGUFReader) -> None:
     """Every matrix's first rows, decoded by gguf-py: finite, centred, spread ~1/sqrt(n_in), normal float16
     scales; norms are ones; the types and shapes are the plan's."""
-    reader = gguf.GGUFReader(tiny_file)
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for t in tiny_reader.tensors}
     expected = plan(PRESETS["tiny"], "q4_k_m", 49152)
     assert list(tensors) == [name for name, _, _ in expected]
     for name, ggml_type, byte_shape in expected:
@@ -64,7 +68,7 @@ def test_blocks_decode_to_finite_modest_weights(tiny_file: Path) -> None:
         assert (d >= np.finfo(np.float16).smallest_normal).all(), f"{name}: subnormal float16 scale"
 
 
-def test_q4_k_m_mix_and_vocabulary(tiny_file: Path, smollm2_path: Path) -> None:
+def test_q4_k_m_mix_and_vocabulary(tiny_reader: gguf.GGUFReader, smollm2_path: Path) -> None:
     """Q6_K on the head and on half the attn_v and ffn_down of the 8B shape (llama.cpp's layers); the
     tokenizer and chat template are SmolLM2's, byte for byte."""
     types = {name: t for name, t, _ in plan(PRESETS["llama-8b"], "q4_k_m", 49152)}
@@ -74,7 +78,7 @@ def test_q4_k_m_mix_and_vocabulary(tiny_file: Path, smollm2_path: Path) -> None:
     assert {"blk.0.attn_v.weight", "blk.6.ffn_down.weight", "blk.31.attn_v.weight"} <= six
     assert not six & {"blk.4.attn_v.weight", "blk.5.ffn_down.weight", "blk.0.attn_q.weight"}
 
-    ours, theirs = gguf.GGUFReader(tiny_file).fields, gguf.GGUFReader(smollm2_path).fields
+    ours, theirs = tiny_reader.fields, gguf.GGUFReader(smollm2_path).fields
     borrowed = [k for k in theirs if k.startswith("tokenizer.")]
     assert "tokenizer.chat_template" in borrowed and "tokenizer.ggml.merges" in borrowed
     for key in borrowed:  # the fields' bytes: type, length, every item
