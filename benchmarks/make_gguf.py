@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,7 +149,7 @@ ENCODERS = {T.Q4_K: q4_k_blocks, T.Q6_K: q6_k_blocks}
 
 def tensor_chunks(
     ggml_type: T, n_out: int, n_in: int, rng: np.random.Generator, chunk_bytes: int = CHUNK_BYTES
-):  # -> Iterator[np.ndarray]
+) -> Iterator[np.ndarray]:
     """The tensor's bytes, a few whole rows at a time: (rows, n_in / 256 * block bytes) uint8 arrays."""
     if n_in % QK_K:
         raise ValueError(f"{ggml_type.name} needs rows that are a multiple of {QK_K} wide, not {n_in}")
