@@ -216,3 +216,27 @@ async def test_on_a_remote_model_the_server_s_call_runs_here_after_approval(tmp_
         }
         assert result == {"role": "tool", "content": "42", "tool_call_id": "call_7", "name": "add"}
         assert reply.content == "".join(REPLY) and len(reply.rounds) == 1
+
+
+async def test_a_reply_s_calls_are_kept_on_its_branch(store):
+    """Regenerate a reply that called a tool: the new one did not; back on the first, its call block, result and
+    the calls sent to the model are there again."""
+    backend = FakeBackend([call("add", {"a": 2, "b": 3}), "Sum is 5.", "No tools this time."])
+    app = make_app(backend, store=store, mcp=TOOLS)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await tools_ready(pilot)
+        await send(pilot, "add 2 and 3", wait=False)
+        await asked(pilot)
+        await pilot.press("y")
+        await finished(pilot)
+        with_call = app.state.backend_messages()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.generating and app.state.turns[-1].content == "No tools this time.")
+        await pilot.pause()
+        assert blocks(app) == [] and app.state.turns[-1].rounds == []
+        app.query(AssistantMessage).last().focus()
+        await pilot.press("left")
+        await wait_for(pilot, lambda: app.state.turns[-1].content == "Sum is 5.", what="the first branch")
+        await pilot.pause()
+        assert [(b.record.name, b.record.result) for b in blocks(app)] == [("add", "5")]
+        assert app.state.backend_messages() == with_call
