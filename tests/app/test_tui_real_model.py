@@ -108,7 +108,6 @@ async def test_a_reply_format_holds_the_real_models_replies(smollm2_model, tmp_p
         reply = app.state.turns[-1]
         assert reply.error is None, reply.error
         jsonschema.validate(json.loads(reply.content), CITY)
-        print("constrained reply:", reply.content)
 
         await send(pilot, "/format off", wait=False)
         assert "json schema" not in status()
