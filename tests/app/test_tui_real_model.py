@@ -126,3 +126,31 @@ async def test_a_reply_format_holds_the_real_models_replies(smollm2_model, tmp_p
         assert isinstance(app.screen, ReplyFormatScreen) and app.screen.query_one(Input).value == bad
         await pilot.press("escape")
         assert app.service.reply_format is None and app.prompt.text == "a draft"
+
+
+def test_the_app_flag_reaches_the_app_and_a_bad_one_stops_in_one_line(isolated_dirs, tmp_path, monkeypatch, capsys):
+    """`chatapp -j FILE` hands the app its starting format; `--grammar MISSING` exits 2 naming the flag."""
+    import chatapp.tui.launch as tui_launch
+    from chatapp.cli import main
+    from engine.events import GrammarSpec
+
+    (tmp_path / "city.json").write_text(json.dumps(CITY))
+    started: list[dict] = []
+    monkeypatch.setattr(tui_launch, "run_app", lambda factory, **kw: started.append(kw))
+    assert main(["-j", str(tmp_path / "city.json")]) == 0
+    assert started[0]["reply_format"] == GrammarSpec("json_schema", json.dumps(CITY))
+    assert main(["--grammar", str(tmp_path / "nowhere.gbnf")]) == 2 and len(started) == 1
+    assert "--grammar: cannot read" in capsys.readouterr().err
+
+
+def test_a_starting_format_the_model_cannot_compile_is_cleared_with_a_reason(smollm2_model):
+    from chatapp.chat_service import ChatService
+    from chatapp.recorder import Recorder
+    from engine.chat import ChatSession
+    from engine.events import GrammarSpec
+
+    bad = GrammarSpec("gbnf", 'root ::= "a" | nowhere')
+    service = ChatService(Recorder(None, print), model_name="m", settings=SamplingSettings(), reply_format=bad)
+    service.model_ready(ChatSession(smollm2_model))
+    problem = service.check_reply_format()
+    assert problem is not None and "nowhere" in problem and service.reply_format is None
