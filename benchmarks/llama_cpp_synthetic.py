@@ -29,6 +29,10 @@ from tests.engine.synthetic import write_tiny_model  # noqa: E402
 FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3")
 TYPES = (T.F32, T.Q8_0)
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33, 77, 150, 9, 211, 45, 120]  # 20 > window 5
+# Qwen3 with YaRN rope scaling: factor 4 over an original context of 16, attention factor 0.9, read over 40
+# positions (past the original context); its own ids, 40 of them.
+YARN = (4.0, 16, 0.9)
+YARN_IDS = [int(i) for i in np.random.default_rng(7).integers(0, 250, 40)]
 OUT = REPO / "tests" / "golden" / "synthetic-llama-cpp.npz"
 
 # Runs inside the llama-cpp-python environment: logits of every position of IDS, 2 threads, F16 KV cache.
@@ -40,8 +44,9 @@ jobs = json.loads(sys.argv[1])
 out = {}
 for name, path in jobs["files"].items():
     llm = Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=2, logits_all=True, verbose=False)
-    llm.eval(jobs["ids"])
-    out[name] = np.array(llm.scores[: len(jobs["ids"])], dtype=np.float32).tolist()
+    ids = jobs["yarn_ids"] if "yarn" in name else jobs["ids"]
+    llm.eval(ids)
+    out[name] = np.array(llm.scores[: len(ids)], dtype=np.float32).tolist()
     del llm
 import llama_cpp
 out["__version__"] = llama_cpp.__version__
@@ -62,7 +67,12 @@ def main() -> int:
                 tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", family, matrix_type=ggml_type)
                 files[name] = str(tiny.path)
                 shas[name] = hashlib.sha256(tiny.path.read_bytes()).hexdigest()
-        job = json.dumps({"files": files, "ids": IDS})
+        for ggml_type in TYPES:
+            name = f"qwen3-yarn-{ggml_type.name}"
+            tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", "qwen3", matrix_type=ggml_type, yarn=YARN)
+            files[name] = str(tiny.path)
+            shas[name] = hashlib.sha256(tiny.path.read_bytes()).hexdigest()
+        job = json.dumps({"files": files, "ids": IDS, "yarn_ids": YARN_IDS})
         done = subprocess.run([args.llama_python, "-c", _CHILD, job], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         print(done.stderr[-4000:], file=sys.stderr)
@@ -71,6 +81,7 @@ def main() -> int:
     arrays = {f"logits/{name}": np.array(result[name], dtype=np.float32) for name in files}  # (len(IDS), n_vocab)
     arrays.update({f"sha256/{name}": np.array(sha) for name, sha in shas.items()})
     arrays["ids"] = np.array(IDS)
+    arrays["yarn_ids"] = np.array(YARN_IDS)
     arrays["source"] = np.array(f"llama.cpp via llama-cpp-python {result['__version__']}, n_threads=2")
     np.savez_compressed(args.out, **arrays)
     print(f"wrote {args.out} ({len(files)} models)")

@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import ModelFileError, UnsupportedModelError
 from .families import FAMILIES, Family
+from .rope import Yarn
 
 # A prompt is evaluated in chunks of at most this many tokens (bounds scratch memory: scores are heads × chunk ×
 # ctx); a sliding-window layer's ring cache holds its window plus one chunk, so a chunk never overwrites keys
@@ -20,8 +21,8 @@ PREFILL_CHUNK = 256
 
 MAX_SIZE = 1 << 24  # any count or width in a model's metadata is below this, or the file is refused
 
-# rope.scaling.type values we run; any other (yarn, longrope, su, ...) is refused by name.
-_ROPE_SCALINGS = (None, "none", "linear")
+# rope.scaling.type values we run; any other (longrope, su, ...) is refused by name.
+_ROPE_SCALINGS = (None, "none", "linear", "yarn")
 
 
 def _get(meta: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
@@ -48,7 +49,8 @@ class ModelConfig:
     norm_eps: float  # epsilon of RMSNorm / LayerNorm
     rope_base: float  # RoPE frequency base
     rope_dim: int  # leading dims of each head that RoPE rotates
-    rope_scale: float  # linear position scaling of the global layers (1.0: none)
+    rope_scale: float  # linear position scaling of the global layers (1.0: none): 1/rope.scaling.factor
+    rope_yarn: Yarn | None  # YaRN's corrections on top of rope_scale (rope.scaling.type yarn); None: none
     rope_base_local: float  # RoPE base of the sliding-window layers
     rope_scale_local: float  # and their position scaling
     attn_scale: float  # multiplies q·k (1/√head_dim unless the family says otherwise)
@@ -79,9 +81,26 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"metadata {arch}.rope.scaling.type: {scaling!r:.40} rope scaling is not supported"
             )
-        rope_scale = 1.0
-        if scaling == "linear":
-            rope_scale = 1.0 / float(key("rope.scaling.factor", float, 1.0) or 1.0)
+        rope_scale, yarn = 1.0, None
+        if scaling in ("linear", "yarn"):
+            factor = float(key("rope.scaling.factor", float, 1.0) or 1.0)  # as llama.cpp: 0 means none
+            if not (math.isfinite(factor) and factor > 0):
+                raise ModelFileError(f"metadata {arch}.rope.scaling.factor: {factor} is not a positive number")
+            rope_scale = 1.0 / factor
+        if scaling == "yarn":
+            log_mul = float(key("rope.scaling.yarn_log_multiplier", float, 0.0))
+            if log_mul:
+                raise UnsupportedModelError(
+                    f"metadata {arch}.rope.scaling.yarn_log_multiplier: {log_mul} (DeepSeek's YaRN) is not supported"
+                )
+            ctx_orig = key("rope.scaling.original_context_length", int, 0) or key("context_length")
+            attn_factor = float(key("rope.scaling.attn_factor", float, 1.0))
+            if not (0 < ctx_orig < MAX_SIZE and math.isfinite(attn_factor)):
+                raise ModelFileError(
+                    f"metadata {arch}.rope.scaling: original_context_length {ctx_orig}, attn_factor {attn_factor}"
+                    " are not sane"
+                )
+            yarn = Yarn(factor=factor, ctx_orig=ctx_orig, attn_factor=attn_factor)
         experts = meta.get(f"{arch}.expert_count", 0)
         if isinstance(experts, int) and experts > 0:
             raise UnsupportedModelError(
@@ -126,6 +145,7 @@ class ModelConfig:
             rope_base=rope_base,
             rope_dim=key("rope.dimension_count", int, head_dim),
             rope_scale=rope_scale,
+            rope_yarn=yarn,
             rope_base_local=base_local,
             rope_scale_local=1.0 if spec.local_rope_base else rope_scale,
             attn_scale=attn_scale,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
+from . import rope
 from .kernels import WeightMatrix
 
 if TYPE_CHECKING:
@@ -187,14 +188,9 @@ def rope_tables(
     cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None, local: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32, for the global
-    layers or (local) the sliding-window ones, which may have their own base and scale."""
-    half = cfg.rope_dim // 2
+    layers or (local) the sliding-window ones, which may have their own base and scale (engine/rope.py)."""
     base, scale = (cfg.rope_base_local, cfg.rope_scale_local) if local else (cfg.rope_base, cfg.rope_scale)
-    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    angles = np.outer(np.arange(n_pos, dtype=np.float64) * scale, inv_freq)  # (n_pos, half)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return rope.rope_tables(cfg.rope_dim, base, scale, n_pos, freq_factors, cfg.rope_yarn)
 
 
 def rope_per_layer(

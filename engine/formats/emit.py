@@ -247,6 +247,21 @@ class Emitter:
             v = self.b.bitcast(self.b.lshr(self.b.bitcast(v, vt(I16, n // 2)), splat_const(I16, n // 2, 4)), v.type)
         return self.b.and_(v, splat_const(I8, n, 15))
 
+    def lookup16(self, v, table: tuple[int, ...]):
+        """table[v] for every byte of v <n x i8>, each 0..15 (a 16-entry codebook, IQ4_NL's): pshufb, the table
+        repeated in every 128-bit lane, or where the set lacks it (portable) a tree of selects on the index bits."""
+        n = v.type.count
+        entries = [t - 256 if t > 127 else t for t in table]  # as i8
+        if self.k.isa != PORTABLE and n == self.k.vector_bytes and n in (32, 64):
+            name = "llvm.x86.avx2.pshuf.b" if n == 32 else "llvm.x86.avx512.pshuf.b.512"
+            tab = ir.Constant(vt(I8, n), [entries[i % 16] for i in range(n)])
+            return self.b.call(self._intrinsic(name, vt(I8, n), [vt(I8, n)] * 2), [tab, v])
+        out = [splat_const(I8, n, t) for t in entries]
+        for bit in range(4):  # halve the candidates on each index bit, lowest first
+            set_ = self.b.icmp_unsigned("!=", self.b.and_(v, splat_const(I8, n, 1 << bit)), splat_const(I8, n, 0))
+            out = [self.b.select(set_, out[2 * i + 1], out[2 * i]) for i in range(len(out) // 2)]
+        return out[0]
+
     def bits16(self, h, shift: int, mask: int):
         """(h << shift) & mask per 16-bit lane for shift >= 0, (h >> -shift) & mask otherwise; as <2L x i8>."""
         if shift > 0:

@@ -57,6 +57,7 @@ class TinyModel:
     window: int = 0  # sliding window of the local layers (gemma2, gemma3); 0: none
     attn_softcap: float = 0.0  # gemma2
     final_softcap: float = 0.0
+    yarn: tuple[float, int, float] | None = None  # YaRN's (factor, original_context_length, attn_factor)
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
     @property
@@ -83,16 +84,17 @@ GEMMA = ("gemma2", "gemma3")
 
 def write_tiny_model(
     path: Path, arch: str, seed: int = 0, matrix_type: T = T.Q8_0, drop: tuple[str, ...] = (), tied: bool = False,
-    n_ctx: int = 128, extra: dict | None = None,
+    n_ctx: int = 128, extra: dict | None = None, yarn: tuple[float, int, float] | None = None,
 ) -> TinyModel:  # fmt: skip
     """Write a small model of `arch` to `path`; matrices in `matrix_type`, norms/biases in F32. `extra`: more
-    metadata, {key without the arch prefix: value}."""
+    metadata, {key without the arch prefix: value}; `yarn`: YaRN rope scaling (factor, original context,
+    attention factor)."""
     rng = np.random.default_rng(seed)
     tokens, merges, types = tiny_vocab()
     n_vocab = len(tokens)
     shape = dict(_SHAPES.get(arch, {}))
     m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=2 if arch != "gpt2" else 4,
-                  n_layer=shape.pop("n_layer", 2), d_ff=128, n_ctx=n_ctx, eps=1e-5, **shape)  # fmt: skip
+                  n_layer=shape.pop("n_layer", 2), d_ff=128, n_ctx=n_ctx, eps=1e-5, yarn=yarn, **shape)  # fmt: skip
     hd = m.hd
     writer = gguf.GGUFWriter(str(path), "llama" if arch == "llama3" else arch)
     writer.add_context_length(m.n_ctx)
@@ -115,6 +117,11 @@ def write_tiny_model(
     if m.attn_softcap:
         writer.add_attn_logit_softcapping(m.attn_softcap)
         writer.add_final_logit_softcapping(m.final_softcap)
+    if yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(yarn[0])
+        writer.add_rope_scaling_orig_ctx_len(yarn[1])
+        writer.add_rope_scaling_attn_factors(yarn[2])
     for key, value in (extra or {}).items():
         if isinstance(value, str):
             writer.add_string(f"{arch}.{key}", value)
@@ -199,6 +206,34 @@ def write_tiny_model(
     return m
 
 
+def rope_angle(
+    pos: int, i: int, n_dims: int, base: float, freq_factor: float = 1.0, yarn: tuple[float, int, float] | None = None
+) -> tuple[float, float]:  # fmt: skip
+    """(angle, magnitude) of rotation pair i at position pos, written from llama.cpp's ggml-cpu `rope_yarn`,
+    `rope_yarn_ramp` and `ggml_rope_yarn_corr_dims` and llama_context's yarn_attn_factor, for one value at a
+    time. yarn: (factor, original context, rope.scaling.attn_factor); None: no scaling."""
+    theta_extrap = pos * base ** (-2.0 * i / n_dims) / freq_factor
+    if yarn is None:
+        return theta_extrap, 1.0
+    factor, n_ctx_orig, rope_attn_factor = yarn
+    freq_scale = 1.0 / factor
+    beta_fast, beta_slow, ext_factor = 32.0, 1.0, 1.0  # ggml's defaults; ext_factor 1 for a yarn file
+
+    def corr_dim(n_rot: float) -> float:
+        return n_dims * np.log(n_ctx_orig / (n_rot * 2 * np.pi)) / (2 * np.log(base))
+
+    low = max(0.0, np.floor(corr_dim(beta_fast)))
+    high = min(n_dims - 1.0, np.ceil(corr_dim(beta_slow)))
+    ramp = 1 - min(1.0, max(0.0, ((2 * i) // 2 - low) / max(0.001, high - low)))
+    theta_interp = freq_scale * theta_extrap
+    ramp_mix = ramp * ext_factor
+    theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
+    get_mscale = 1.0 if factor <= 1 else 0.1 * np.log(factor) + 1.0
+    attn_factor = get_mscale / (1.0 + 0.1 * np.log(factor)) * rope_attn_factor  # llama_context's
+    mscale = attn_factor * (1.0 + 0.1 * np.log(1.0 / freq_scale))  # ggml multiplies its own back in
+    return theta, mscale
+
+
 def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
     """Float64 logits (len(ids), n_vocab), every position attending to all earlier ones, recomputed."""
     w = m.w
@@ -229,8 +264,9 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
         out = v.copy()
         for pos in range(t):
             for i in range(hd // 2):
-                angle = pos * base ** (-2.0 * i / hd) / w.get("rope_freqs.weight", np.ones(hd))[i]
-                c, s = np.cos(angle), np.sin(angle)
+                freq_factor = w.get("rope_freqs.weight", np.ones(hd))[i]
+                angle, mag = rope_angle(pos, i, hd, base, freq_factor, m.yarn)
+                c, s = np.cos(angle) * mag, np.sin(angle) * mag
                 a, b = (i, i + hd // 2) if neox else (2 * i, 2 * i + 1)
                 out[pos, :, a] = v[pos, :, a] * c - v[pos, :, b] * s
                 out[pos, :, b] = v[pos, :, a] * s + v[pos, :, b] * c

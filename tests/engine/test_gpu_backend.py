@@ -42,6 +42,8 @@ HALF_FIELDS = {
     T.Q4_K: (0, 2),
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
 }
 
 
@@ -80,7 +82,9 @@ def test_decoder_matches_gguf(ggml_type: T) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("ggml_type", [T.F32, T.BF16, T.Q4_0, T.Q5_1, T.Q3_K, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "ggml_type", [T.F32, T.BF16, T.Q4_0, T.Q5_1, T.Q3_K, T.Q4_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name
+)
 def test_tiled_product_matches_dequantize_then_matmul(ggml_type: T, monkeypatch: pytest.MonkeyPatch) -> None:
     rows, cols = 70, 512
     raw = random_rows(ggml_type, rows, cols, seed=7)

@@ -44,6 +44,8 @@ HALF_FIELDS = {
     T.Q4_K: [0, 2],
     T.Q5_K: [0, 2],
     T.Q6_K: [208],
+    T.IQ4_NL: [0],
+    T.IQ4_XS: [0],
 }
 BLOCK_TYPES = list(HALF_FIELDS)
 
