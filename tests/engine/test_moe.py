@@ -10,13 +10,17 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+import engine.moe
 from engine import load_model
 from engine.config import ModelConfig
 from engine.errors import ModelFileError, UnsupportedModelError
 from engine.gguf_file import open_gguf
+from engine.kernels import float_products
+from engine.moe import RouterFfn, route, router_ffn
 from tests.engine.compare import FLOAT_REFERENCE_BOUND, assert_matches_reference
-from tests.engine.synthetic import TinyModel, reference_logits, write_tiny_model
+from tests.engine.synthetic import TinyModel, moe_ffn, reference_logits, write_tiny_model
 
+Q8_BOUND = 0.025  # router FFN on Q8_0 experts against float64, of the largest |value| (measured below)
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "synthetic-moe-llama-cpp.npz"
 
 
@@ -25,6 +29,12 @@ def tiny(tmp_path_factory) -> dict[T, TinyModel]:
     """The synthetic qwen3moe model, seed 0, F32 and Q8_0 (as benchmarks/llama_cpp_synthetic.py writes them)."""
     d = tmp_path_factory.mktemp("moe")
     return {t: write_tiny_model(d / f"qwen3moe-{t.name}.gguf", "qwen3moe", matrix_type=t) for t in (T.F32, T.Q8_0)}
+
+
+def _fresh_ffn(m: TinyModel, layer: int = 0) -> RouterFfn:
+    """Layer `layer`'s router FFN bound anew from the file: no expert read yet."""
+    f = open_gguf(m.path)
+    return RouterFfn.bind(f, ModelConfig.from_metadata(f.metadata, m.n_vocab), layer)
 
 
 def test_config_reads_the_router_fields(tiny) -> None:
@@ -68,3 +78,84 @@ def test_reference_matches_llama_cpp_on_the_f32_file(tiny, llama_cpp: dict) -> N
     ids = [int(i) for i in llama_cpp["ids"]]
     ref = reference_logits(tiny[T.F32], ids)
     assert_matches_reference(llama_cpp["logits/qwen3moe-F32"], ref, FLOAT_REFERENCE_BOUND)
+
+
+def test_route_picks_the_top_k_and_renormalises() -> None:
+    logits = np.log(np.array([[0.1, 0.4, 0.2, 0.3], [0.5, 0.1, 0.1, 0.3]], dtype=np.float32))
+    ids, w = route(logits, 2, norm_weights=True)
+    np.testing.assert_array_equal(ids, [[1, 3], [0, 3]])
+    np.testing.assert_allclose(w, [[4 / 7, 3 / 7], [5 / 8, 3 / 8]], rtol=1e-6)
+    _, raw = route(logits, 2, norm_weights=False)
+    np.testing.assert_allclose(raw, [[0.4, 0.3], [0.5, 0.3]], rtol=1e-6)
+
+
+def _transcription(m: TinyModel, h: np.ndarray, layer: int) -> np.ndarray:
+    """The reference's MoE block in float64, token by token, over gguf.quants.dequantize's weights."""
+    return moe_ffn(m, h.astype(np.float64), f"blk.{layer}.")
+
+
+@pytest.mark.parametrize("matrix_type", [T.F32, T.Q8_0], ids=lambda t: t.name)
+def test_router_ffn_matches_the_numpy_transcription(tiny, matrix_type: T) -> None:
+    m = tiny[matrix_type]
+    h = np.random.default_rng(1).standard_normal((24, m.d)).astype(np.float32)  # (t, d)
+    want = _transcription(m, h, 1)
+    scale = np.abs(want).max()
+    with float_products():
+        exact = router_ffn(h, _fresh_ffn(m, 1))
+    # Float products: float32 sums against float64; 3.1e-7 of the largest value at most over seeds 0-19, both
+    # layers (F32 and Q8_0 files alike).
+    assert np.abs(exact - want).max() <= 2e-6 * scale
+    fast = router_ffn(h, _fresh_ffn(m, 1))
+    # F32 experts run float products anyway (3.9e-7 at most, same draws); Q8_0's take int8 activations, as
+    # llama.cpp's q8_0 (the router stays F32, so routing is the same): 0.012 median, 0.017 at most. +50%.
+    bound = 2e-6 if matrix_type == T.F32 else Q8_BOUND
+    assert np.abs(fast - want).max() <= bound * scale
+    one = np.stack([router_ffn(h[i : i + 1], _fresh_ffn(m, 1))[0] for i in range(len(h))])
+    np.testing.assert_array_equal(one, fast)  # a row's result does not depend on the tokens sharing its experts
+
+
+def test_a_token_reads_only_its_chosen_experts(tiny) -> None:
+    m = tiny[T.Q8_0]
+    ffn = _fresh_ffn(m)
+    h = np.random.default_rng(2).standard_normal((1, m.d)).astype(np.float32)
+    router_ffn(h, ffn)
+    ids, _ = route(h.astype(np.float64) @ m.w["blk.0.ffn_gate_inp.weight"].T, 2, True)
+    assert ffn.touched() == sorted(ids[0].tolist())
+    for tensor in (ffn.gate, ffn.up, ffn.down):
+        for e in range(8):  # only the chosen experts were repacked; the others are still bare file views
+            assert (tensor.expert(e).packed is not None) == (e in ids[0])
+
+
+def test_prefill_reads_each_chosen_expert_once(tiny, monkeypatch) -> None:
+    """16 tokens choose 2 experts each: each expert chosen is one product per matrix, over all its tokens."""
+    m = tiny[T.Q8_0]
+    ffn = _fresh_ffn(m)
+    calls: list[tuple[str, int]] = []
+    real = engine.moe.matmul
+
+    def counting(w, xs, **kw):
+        calls.append((w.name, xs.shape[0]))
+        return real(w, xs, **kw)
+
+    monkeypatch.setattr(engine.moe, "matmul", counting)
+    h = np.random.default_rng(3).standard_normal((16, m.d)).astype(np.float32)
+    out = router_ffn(h, ffn)
+    ids, _ = route(h.astype(np.float64) @ m.w["blk.0.ffn_gate_inp.weight"].T, 2, True)
+    chosen, counts = np.unique(ids, return_counts=True)
+    assert len(chosen) > 2  # the batch spreads over several experts
+    expect = [("blk.0.ffn_gate_inp.weight", 16)]
+    for e, n in zip(chosen.tolist(), counts.tolist(), strict=True):
+        expect += [(f"blk.0.ffn_{k}_exps.weight[{e}]", n) for k in ("gate", "up", "down")]
+    assert sorted(calls) == sorted(expect)
+    np.testing.assert_allclose(out, _transcription(m, h, 0), atol=Q8_BOUND * np.abs(out).max())
+
+
+def test_an_expert_is_a_view_of_the_mapped_file(tiny) -> None:
+    ffn = _fresh_ffn(tiny[T.Q8_0])
+    w = ffn.up.expert(5)
+    assert w is ffn.up.expert(5)
+    assert np.shares_memory(w.data, ffn.up.data) and w.data.base is not None
+    assert (w.rows, w.cols) == (64, 64) and w.data.shape == (64, 64 // 32 * 34)
+    assert ffn.down.expert(7).data.ctypes.data == ffn.down.data.ctypes.data + 7 * 64 * ffn.down.data.strides[0]
+    with pytest.raises(IndexError, match="expert 8 of 8"):
+        ffn.gate.expert(8)
