@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile, TensorEntry
-from .kernels import WeightMatrix, matmul, swiglu
+from .kernels import WeightMatrix, matmul, matvec_many, swiglu
 
 _view_lock = threading.Lock()
 
@@ -87,6 +88,14 @@ class RouterFfn:
         experts = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
         return cls(router, *experts, n_used=cfg.n_expert_used, norm_weights=cfg.spec.moe_norm_weights)
 
+    def apply(self, ops: Any, h: np.ndarray) -> Any:
+        """As a layer's FFN variant: the backend's router op (its CPU form is `router_ffn`)."""
+        return ops.router_ffn(h, self)
+
+    def matrices(self) -> list[WeightMatrix]:
+        """The matrices every token reads: the router. Experts are prepared when first chosen (`ExpertTensor`)."""
+        return [self.router]
+
     def touched(self) -> list[int]:
         """Experts whose weights have been read."""
         return sorted(set(self.gate.touched()) | set(self.up.touched()) | set(self.down.touched()))
@@ -129,8 +138,11 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
         slots = order[s0:s1]
         tokens = slots // ffn.n_used  # (n_e,): distinct, as a token chooses an expert once
         xe = h[tokens]  # (n_e, d)
-        g = matmul(ffn.gate.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
-        u = matmul(ffn.up.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
+        if len(tokens) == 1:  # decode: gate and up in one parallel launch, as the dense FFN's
+            g, u = (a[None] for a in matvec_many([ffn.gate.expert(e), ffn.up.expert(e)], xe[0]))
+        else:
+            g = matmul(ffn.gate.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
+            u = matmul(ffn.up.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
         y = matmul(ffn.down.expert(e), swiglu(g, u, out=g), rowwise=True)  # (n_e, d)
         out[tokens] += weights.ravel()[slots, None] * y
     return out

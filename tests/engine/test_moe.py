@@ -114,6 +114,11 @@ def test_router_ffn_matches_the_numpy_transcription(tiny, matrix_type: T) -> Non
     one = np.stack([router_ffn(h[i : i + 1], _fresh_ffn(m, 1))[0] for i in range(len(h))])
     np.testing.assert_array_equal(one, fast)  # a row's result does not depend on the tokens sharing its experts
 
+    class CpuOps:  # as a layer's FFN variant, the router FFN names its op of the backend
+        router_ffn = staticmethod(router_ffn)
+
+    np.testing.assert_array_equal(_fresh_ffn(m, 1).apply(CpuOps(), h), fast)
+
 
 def test_a_token_reads_only_its_chosen_experts(tiny) -> None:
     m = tiny[T.Q8_0]
@@ -132,13 +137,18 @@ def test_prefill_reads_each_chosen_expert_once(tiny, monkeypatch) -> None:
     m = tiny[T.Q8_0]
     ffn = _fresh_ffn(m)
     calls: list[tuple[str, int]] = []
-    real = engine.moe.matmul
+    real, real_many = engine.moe.matmul, engine.moe.matvec_many
 
     def counting(w, xs, **kw):
         calls.append((w.name, xs.shape[0]))
         return real(w, xs, **kw)
 
+    def counting_many(ws, x):  # an expert with a single token: gate and up in one launch
+        calls.extend((w.name, 1) for w in ws)
+        return real_many(ws, x)
+
     monkeypatch.setattr(engine.moe, "matmul", counting)
+    monkeypatch.setattr(engine.moe, "matvec_many", counting_many)
     h = np.random.default_rng(3).standard_normal((16, m.d)).astype(np.float32)
     out = router_ffn(h, ffn)
     ids, _ = route(h.astype(np.float64) @ m.w["blk.0.ffn_gate_inp.weight"].T, 2, True)
