@@ -11,6 +11,10 @@ The experts live in three 3-D tensors of the file (n_expert stacked matrices eac
 `WeightMatrix` view of its rows, made the first time a token chooses it; only then is it repacked (and its
 file pages released), so memory holds the experts the text used, not all of them. A pass of several tokens
 groups them by expert: each chosen expert's weights are read once per pass, by one product over its tokens.
+
+`RouterFfn` is a layer's FFN in the form the layer executors take a variant (`apply` names the backend's op,
+`router_ffn` here for the CPU). Until the executors take it, loading a mixture-of-experts file is refused
+(engine/weights.py).
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ class RouterFfn:
         ts, p = file.tensors, f"blk.{layer}."
         r = ts[p + "ffn_gate_inp.weight"]
         router = WeightMatrix.from_raw(r.name, r.ggml_type, r.shape[1], r.shape[0], r.data)
-        experts = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
-        return cls(router, *experts, n_used=cfg.n_expert_used, norm_weights=cfg.spec.moe_norm_weights)
+        gate, up, down = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
+        return cls(router, gate, up, down, n_used=cfg.n_expert_used, norm_weights=cfg.spec.moe_norm_weights)
 
     def apply(self, ops: Any, h: np.ndarray) -> Any:
         """As a layer's FFN variant: the backend's router op (its CPU form is `router_ffn`)."""

@@ -206,7 +206,8 @@ def test_memory_holds_only_the_chosen_experts(tmp_path, tiny) -> None:
     ts = open_gguf(tmp_path / "experts.gguf").tensors
     r = ts["router"]
     router = WeightMatrix.from_raw(r.name, r.ggml_type, n, d, r.data)
-    ffn = RouterFfn(router, *(ExpertTensor.of(ts[k]) for k in ("gate", "up", "down")), n_used=2, norm_weights=True)
+    gate, up, down = (ExpertTensor.of(ts[k]) for k in ("gate", "up", "down"))
+    ffn = RouterFfn(router, gate, up, down, n_used=2, norm_weights=True)
     expert_bytes = ffn.up.data.nbytes // n
     router_ffn(np.ones((1, tiny[T.Q8_0].d), np.float32), _fresh_ffn(tiny[T.Q8_0]))  # kernels loaded beforehand
     h = rng.standard_normal((1, d)).astype(np.float32)
