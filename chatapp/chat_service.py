@@ -25,7 +25,7 @@ from chatapp.errors import describe_error
 from chatapp.export import transcript, write_export
 from chatapp.recorder import Recorder
 from chatapp.store import suggest_title
-from engine.events import Message, TokenEvent, TurnStats
+from engine.events import GrammarSpec, Message, TokenEvent, TurnStats
 from engine.sampling import SamplingSettings
 
 
@@ -53,6 +53,7 @@ class ActiveReply:
     stop: threading.Event = field(default_factory=threading.Event)  # set when the user asked to stop
     shown: bool = True  # False once the chat on screen is another one
     told_next_reply: bool = False  # remote: the user was told a settings change waits for the next reply
+    constraint: GrammarSpec | None = None  # the reply format in force when it started
 
 
 def generate_reply(
@@ -95,6 +96,7 @@ class ChatService:
         settings: SamplingSettings,
         system_prompt: str = "",
         backend: ChatBackend | None = None,
+        reply_format: GrammarSpec | None = None,
     ) -> None:
         self.recorder = recorder
         self.model_name = model_name
@@ -111,6 +113,8 @@ class ChatService:
         self.switching: str | None = None
         """The model being loaded in place of the current one (which stays in use meanwhile)."""
         self.active: ActiveReply | None = None
+        self.reply_format = reply_format
+        """The JSON schema or grammar every reply must match, from the next one on; None: free text."""
         self._turn = 0
         self._shown_warnings: set[str] = set()
         if backend is not None:
@@ -200,6 +204,31 @@ class ChatService:
         self.settings = self.backend.settings
         return note
 
+    def set_reply_format(self, spec: GrammarSpec | None) -> None:
+        """Hold the replies from the next one on to `spec` (None: free text); `Refused` when the model cannot
+        compile it, and the format in force stays."""
+        from chatapp.reply_format import FormatError, check_format
+
+        if spec is not None:
+            try:
+                check_format(self.backend, spec)
+            except FormatError as e:
+                raise Refused(f"Reply format not set: {e}", "error") from None
+        self.reply_format = spec
+
+    def check_reply_format(self) -> str | None:
+        """After a load: why the model cannot use the reply format (which is then cleared), else None."""
+        from chatapp.reply_format import FormatError, check_format
+
+        if self.reply_format is None:
+            return None
+        try:
+            check_format(self.backend, self.reply_format)
+        except FormatError as e:
+            self.reply_format = None
+            return f"Reply format cleared: {e}"
+        return None
+
     # ---- a reply --------------------------------------------------------------------------------------
 
     def send(self, text: str) -> Turn:
@@ -217,7 +246,7 @@ class ChatService:
         reply = Turn("assistant", "")
         self.state.turns.append(reply)
         self._turn += 1
-        self.active = ActiveReply(self._turn, reply, self.state.conv_id, messages)
+        self.active = ActiveReply(self._turn, reply, self.state.conv_id, messages, constraint=self.reply_format)
         return self.active
 
     def ask(
@@ -233,6 +262,7 @@ class ChatService:
         on: `on_call` sees each call's progress, `approve` answers "once", "always" or "deny".
         The finished reply (saved, with its stats); a failure is raised as `ReplyError`."""
         from chatapp.mcp.loop import reply_with_tools
+        from chatapp.reply_format import constrained
 
         self.send(text)
         active = self.start_reply()
@@ -256,7 +286,8 @@ class ChatService:
                 return approve(record) if approve is not None else "deny"
 
         try:
-            stats = reply_with_tools(self.backend, active.messages, tools, Sink(), active.stop)
+            backend = constrained(self.backend, active.constraint)
+            stats = reply_with_tools(backend, active.messages, tools, Sink(), active.stop)
         except ReplyError as exc:
             self.failed(active.turn, str(exc))
             raise

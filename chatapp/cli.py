@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_remote_args(parser)
     parser.add_argument("--system", dest="system_prompt", help="system prompt for new chats")
     _mcp_args(parser)
+    app_shape = parser.add_mutually_exclusive_group()  # the app's starting reply format (/format changes it)
+    app_shape.add_argument("-j", "--json-schema", metavar="FILE|JSON", help="replies must match this JSON schema")
+    app_shape.add_argument("--grammar", metavar="FILE", help="replies match this GBNF/Lark grammar")
     _sampling_args(parser)
     sub = parser.add_subparsers(dest="command")
 
@@ -509,6 +512,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     from .tui.launch import run_app
 
     settings = _settings(args)
+    reply_format = reply_constraint(args)
 
     def factory_for_model(spec: str):
         """A backend factory for the model `spec` (the picker's choice), with every other setting as given."""
@@ -560,6 +564,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         model_choices=choices,
         factory_for_model=switch,
         mcp=settings.mcp,
+        reply_format=reply_format,
     )
     return 0
 

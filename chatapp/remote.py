@@ -62,12 +62,22 @@ class ServerKind:
     honoured: frozenset[str]  # SamplingSettings fields it is documented to honour
     ignored: frozenset[str] = frozenset()  # fields it is documented to ignore (not sent)
     repeat_field: str = "repeat_penalty"  # vLLM and SGLang call it repetition_penalty
+    # Where a chat's JSON schema goes: OpenAI's response_format {"type": "json_schema"}, or llama-cpp-python's
+    # own {"type": "json_object", "schema": ...} (it answers 500 to the first); "" for a raw completion that
+    # has no schema field on this server (llama-cpp-python drops an unknown `json_schema` without a word).
+    chat_schema: str = "json_schema"
+    completion_schema: bool = True
+    calls_under_auto: bool = True  # whether it reads tool calls out of a reply under tool_choice auto
 
 
 LLAMA_CPP = ServerKind("llama.cpp", STANDARD | EXTRA | {"repeat_last_n"})
+# llama-cpp-python 0.3.36, measured in tests/app/test_remote_llama_cpp_tools.py.
+LLAMA_CPP_PYTHON = ServerKind(
+    "llama-cpp-python", STANDARD | EXTRA, chat_schema="json_object", completion_schema=False, calls_under_auto=False
+)
 KINDS: dict[str, ServerKind] = {  # by the `owned_by` of /v1/models
     "llamacpp": LLAMA_CPP,  # llama-server
-    "me": ServerKind("llama-cpp-python", STANDARD | EXTRA),
+    "me": LLAMA_CPP_PYTHON,
     "chatapp": ServerKind("chatapp serve", STANDARD | EXTRA | {"repeat_last_n"}),
     "vllm": ServerKind("vLLM", STANDARD | EXTRA, repeat_field="repetition_penalty"),
     "sglang": ServerKind("SGLang", STANDARD | EXTRA, repeat_field="repetition_penalty"),
@@ -89,20 +99,27 @@ class RemoteInfo:
     ignored: frozenset[str]  # settings it is known to ignore; any other is sent and may or may not be honoured
 
 
-def constraint_fields(spec: GrammarSpec | None, chat: bool) -> dict[str, Any]:
-    """The body fields that ask a server for a reply matching `spec`.
+def constraint_fields(spec: GrammarSpec | None, chat: bool, kind: ServerKind | None = None) -> dict[str, Any]:
+    """The body fields that ask a server (of `kind`, default: one that speaks OpenAI's API) for a reply
+    matching `spec`.
 
-    A chat sends OpenAI's `response_format` (vLLM, SGLang, llama-server, chatapp serve); a completion sends
-    llama-server's `json_schema` (OpenAI's /completions has no response_format). A GBNF or Lark grammar goes as
-    llama-server's `grammar`. A regex has no field a server shares: RemoteError."""
+    A chat sends OpenAI's `response_format` (vLLM, SGLang, llama-server, chatapp serve; llama-cpp-python takes
+    the schema inside a `json_object` format); a completion sends llama-server's `json_schema` (OpenAI's
+    /completions has no response_format). A GBNF or Lark grammar goes as llama-server's `grammar`. A regex has no
+    field a server shares, and a server known to drop a field is not sent it: RemoteError."""
+    kind = kind or UNKNOWN_KIND
     if spec is None:
         return {}
     if spec.trigger is not None:
         raise RemoteError("a lazy grammar cannot be sent to a server")
+    if not chat and spec.kind in ("json_object", "json_schema") and not kind.completion_schema:
+        raise RemoteError(f"{kind.name}'s server has no JSON schema field for a raw completion; add --chat")
     if spec.kind == "json_object":
         return {"response_format": {"type": "json_object"}} if chat else {"json_schema": {"type": "object"}}
     if spec.kind == "json_schema":
         schema = json.loads(spec.source)
+        if chat and kind.chat_schema == "json_object":
+            return {"response_format": {"type": "json_object", "schema": schema}}
         if chat:
             return {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema,
                                                                                 "strict": True}}}  # fmt: skip
@@ -370,7 +387,9 @@ def wire_message(m: Message) -> dict[str, Any]:
     """A message in OpenAI's request shape, with its calls or the call it answers."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
-        out["content"] = m.content or None
+        # OpenAI's API takes no content beside calls; llama-cpp-python refuses a null one (500), so leave it out.
+        if not m.content:
+            del out["content"]
         out["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in m.tool_calls
@@ -419,6 +438,7 @@ class RemoteBackend:
         self._lock = threading.Lock()
         self._stream: openai.Stream[object] | None = None
         self._warnings: list[str] = []
+        self._told_auto = False  # the warning that tool calls under auto stay text, said once
 
     @property
     def where(self) -> str:
@@ -446,14 +466,21 @@ class RemoteBackend:
         body: dict[str, Any] = {"messages": [wire_message(m) for m in messages]}
         if tools:
             body["tools"] = [dict(t) for t in tools]
-        return self._generate("/chat/completions", {**body, **constraint_fields(constraint, chat=True)}, chat=True)
+            if not self.kind.calls_under_auto and "tool_choice" not in self.extra and not self._told_auto:
+                self._told_auto = True
+                self._warnings.append(
+                    f"{self.kind.name}'s server returns tool calls only when tool_choice names a tool; a call the "
+                    "model writes under auto stays text and does not run"
+                )
+        fields = constraint_fields(constraint, chat=True, kind=self.kind)
+        return self._generate("/chat/completions", {**body, **fields}, chat=True)
 
     def stream_completion(
         self, prompt: str, extra: Mapping[str, Any] | None = None, *, constraint: GrammarSpec | None = None
     ) -> Iterator[TokenEvent | TurnStats]:
         """A raw continuation of `prompt` (`/completions`): `chatapp run` without --chat. `extra`: more body
         fields (`chatapp bench` sends llama-server's ignore_eos)."""
-        body = {"prompt": prompt, **constraint_fields(constraint, chat=False), **(extra or {})}
+        body = {"prompt": prompt, **constraint_fields(constraint, chat=False, kind=self.kind), **(extra or {})}
         return self._generate("/completions", body, chat=False)
 
     def _body(self, body: dict[str, Any], chat: bool, logprobs: bool) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 A `Family` says what a layer is made of -- norms and where they sit, the attention variant, the FFN kind,
 positions, scaling constants and which layers attend over a sliding window -- as llama.cpp's `src/models/*.cpp`
-builders say it in the arguments they pass to shared ops. Every execution path (the CPU prompt path in
-engine/model.py, the fused one-token layer in engine/kernels/decode.py, the device offload in engine/gpu) reads
-the resolved form of it, `ModelConfig` (engine/config.py), and nothing else.
+builders say it in the arguments they pass to shared ops. Its resolved form, `ModelConfig` (engine/config.py),
+becomes each layer's `LayerSpec` (engine/layer.py), which every executor of the layer (the CPU prompt path, the
+fused one-token step, the device offload) reads, and nothing else.
 
 Adding a family is a row here, plus whatever operation it needs that no family has yet.
 """

@@ -1,40 +1,31 @@
-"""The forward pass on the CPU: one function for every family, reading the model's config (the family's
-description resolved against the file, engine/config.py and engine/families.py).
+"""The forward pass on the CPU: one function for every family.
 
-embed -> per layer (norm -> q, k, v [-> q/k norm] -> RoPE -> attention over the KV cache [-> post-norm] ->
-residual -> norm -> FFN [-> post-norm] -> residual) -> norm -> logits [-> soft-cap].
-A prompt runs each op as a compiled kernel over all its rows (engine.kernels); one token runs each layer in
-one compiled call (kernels.DecodeLayer) with the same arithmetic.
+embed -> per layer (engine/layer.py: norm -> q, k, v [-> q/k norm] -> RoPE -> attention over the KV cache
+[-> post-norm] -> residual -> norm -> FFN [-> post-norm] -> residual) -> norm -> logits [-> soft-cap].
+Each layer is read from its LayerSpec (engine.layer.layer_specs: the model's config and the layer's weights).
+A prompt runs `run_layer` with each op a compiled kernel over all its rows (kernels/prompt_ops.py); one token
+runs each layer in one compiled call (kernels/one_token.py DecodeLayer) with the same arithmetic.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
 from .config import PREFILL_CHUNK, ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
-from .kernels import (
-    DecodeLayer,
-    Scratch,
-    WeightMatrix,
-    causal_attention,
-    decode,
-    embedding_rows,
-    float_products_active,
-    geglu,
-    gelu_rows,
-    layer_norm_rows,
-    matmul,
-    rms_norm_rows,
-    rope_into_cache,
-    swiglu,
-)
+from .kernels import Scratch, embedding_rows, float_products_active, matmul
+from .kernels.one_token import DecodeLayer
 from .kernels.pages import populate, small_page_zeros
+from .kernels.prompt_ops import PromptOps, norm_rows
+from .kernels.prompt_ops import gelu as gelu  # the NumPy statements of the prompt path, named here as before
+from .kernels.prompt_ops import layer_norm as layer_norm
+from .layer import LayerSpec, layer_specs, output_norm, rope_per_layer, run_layer
+from .layer import rope_tables as rope_tables
 from .weights import Weights
 
 if TYPE_CHECKING:
@@ -46,32 +37,6 @@ RESERVE_STEP = 256  # positions of the KV cache faulted in at a time (KVCache.re
 
 class ContextFullError(EngineError):
     """More tokens than the session's context holds."""
-
-
-def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    # x (t, d) -> (t, d)
-    mu = x.mean(axis=-1, keepdims=True)
-    xc = x - mu
-    return xc * (1.0 / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps)) * w + b
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    # The tanh approximation, as ggml uses.
-    return 0.5 * x * (1.0 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x * x * x)))
-
-
-def rope_tables(
-    cfg: ModelConfig, n_pos: int, freq_factors: np.ndarray | None, local: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every position's rotation angles: each (n_pos, rope_dim/2) float32, for the global
-    layers or (local) the sliding-window ones, which may have their own base and scale."""
-    half = cfg.rope_dim // 2
-    base, scale = (cfg.rope_base_local, cfg.rope_scale_local) if local else (cfg.rope_base, cfg.rope_scale)
-    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)
-    if freq_factors is not None:
-        inv_freq = inv_freq / freq_factors.astype(np.float64)
-    angles = np.outer(np.arange(n_pos, dtype=np.float64) * scale, inv_freq)  # (n_pos, half)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
 def soft_cap(x: np.ndarray, cap: float) -> np.ndarray:
@@ -170,24 +135,16 @@ class Model:
         self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
         self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
         self.requantized = ""  # what load_model re-encoded the weights to (a draft model's), for display
-        n_pos = max(n_ctx, 1)
-        rope_dim = cfg.rope_dim if cfg.spec.positions == "rope" else 0  # learned positions: nothing rotates
-        if rope_dim:
-            self._cos, self._sin = rope_tables(cfg, n_pos, weights.rope_freqs)
-        else:
-            self._cos = self._sin = np.zeros((n_pos, 0), dtype=np.float32)
-        self._rope = [(self._cos, self._sin)] * cfg.n_layer  # per layer: its (cos, sin), each (n_pos, rope_dim/2)
-        if rope_dim and any(cfg.local):
-            local = rope_tables(cfg, n_pos, weights.rope_freqs, local=True)
-            self._rope = [local if is_local else (self._cos, self._sin) for is_local in cfg.local]
-        self._rope_shape = (cfg.n_head, cfg.n_kv_head, cfg.head_dim, rope_dim, cfg.spec.rope_neox)
+        self._rope = rope_per_layer(cfg, max(n_ctx, 1), weights.rope_freqs)  # per layer (cos, sin) (n_pos, rope_dim/2)
+        # Every layer's LayerSpec, built on first use from the config and the tables (again if either is replaced).
+        self._specs: tuple[ModelConfig, list, list[LayerSpec]] | None = None
         self.fused_decode = True  # single tokens take the one-call path (kernels.decode); False: the reference
         # With deterministic, every prompt row is computed as decoding its token alone computes it, bit for bit
         # (`forward`'s rowwise): logits then do not depend on how a prompt was split into passes or on what the
         # cache held before. Off by default: one-token attention rows cost Qwen2.5-Coder-1.5B's prefill far more
         # than 5 % past a few hundred positions (benchmarks/results/deterministic-prefill-intel-xeon.md).
         self.deterministic = False
-        self._decode_layers: list[DecodeLayer | None] | None | bool = False  # False: not built yet (see _fast_layers)
+        self._decode_layers: list[DecodeLayer] | Literal[False] | None = False  # False: not built yet (_fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
         self._lock = threading.Lock()
@@ -255,6 +212,14 @@ class Model:
                 cache.low = max(cache.low, start + len(ids) - cache.ring_rows)
             return logits
 
+    def layer_specs(self) -> list[LayerSpec]:
+        """Every layer's LayerSpec, with RoPE tables for n_ctx positions: built on first use, and again when the
+        config or the tables are replaced."""
+        if self._specs is None or self._specs[0] is not self.cfg or self._specs[1] is not self._rope:
+            self._specs = (self.cfg, self._rope, layer_specs(self.cfg, self.weights, self._rope))
+            self._decode_layers = False
+        return self._specs[2]
+
     def _forward(self, ids: np.ndarray, cache: KVCache, start: int, last_only: bool, rowwise: bool) -> np.ndarray:
         cfg, w = self.cfg, self.weights
         t = len(ids)
@@ -268,106 +233,33 @@ class Model:
             x = self.offload.forward_layers(x, cache.device, start)
             first = self.offload.n_layers
         cache.reserve(start + t)
+        specs = self.layer_specs()
         fast = self._fast_layers() if t == 1 else None
+        ops = PromptOps(cache.k, cache.v, first, start, t, rowwise, self._scratch)
         for li in range(first, cfg.n_layer):
-            kc, vc = cache.k[li - first], cache.v[li - first]  # (n_kv, rows, hd): this layer's cache
-            cos, sin = self._rope[li]
-            if fast is not None:  # one token: the whole layer in one compiled call, same arithmetic as _layer
-                fast[li](x[0], start, kc, vc, cos[start], sin[start])
+            if fast is not None:  # one token: the whole layer in one compiled call, the same arithmetic
+                fast[li - first](x[0], start, cache.k[li - first], cache.v[li - first])
             else:
-                self._layer(li, x, kc, vc, start, rowwise)
+                x = run_layer(ops, specs[li], x)
         if last_only:
             x = x[-1:]
         if self.offload is not None and self.offload.runs_output:
             return self.offload.output(x)
-        x = self._norm(x, w.output_norm, w.output_norm_b, rowwise=rowwise)
+        x = norm_rows(x, output_norm(cfg, w), rowwise)
         logits = matmul(w.output, x, rowwise=rowwise)  # (t, n_vocab)
         return soft_cap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
-    def _layer(self, li: int, x: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, rowwise: bool) -> None:
-        """x (t, d) at positions start.., in place, through layer li; its keys and values go into kc, vc."""
-        cfg, lw, work = self.cfg, self.weights.layers[li], self._scratch
-        t, hd, eps = x.shape[0], cfg.head_dim, cfg.norm_eps
-
-        def product(name: str, m: WeightMatrix, h: np.ndarray, again: bool = False) -> np.ndarray:
-            """(t, m.rows) in `name`; again: h is the last product's input, unchanged."""
-            return matmul(m, h, out=work.take(name, (t, m.rows)), scratch=work, same_input=again, rowwise=rowwise)
-
-        h = self._norm(x, lw.attn_norm, lw.attn_norm_b, out=work.take("norm", x.shape), rowwise=rowwise)
-        biases = lw.bqkv or (None, None, None)
-        q, k, v = (
-            self._bias(product(n, m, h, again=n != "q"), b) for n, m, b in zip("qkv", lw.wqkv, biases, strict=True)
-        )
-        if lw.q_norm is not None:  # per head, before RoPE, in place
-            rms_norm_rows(q.reshape(-1, hd), lw.q_norm, eps, out=q.reshape(-1, hd))  # (t·n_head, hd)
-            rms_norm_rows(k.reshape(-1, hd), lw.k_norm, eps, out=k.reshape(-1, hd))  # (t·n_kv, hd)
-        # Keys, values and queries carry half precision into attention, as llama.cpp's F16 KV cache does:
-        # matching its rounding keeps near-tie tokens the same as llama.cpp picks them.
-        cos, sin = self._rope[li]
-        rope_into_cache(q, k, v, kc, vc, start, cos[start : start + t], sin[start : start + t], self._rope_shape)
-        window, scale, cap = cfg.window(li), cfg.attn_scale, cfg.attn_softcap
-        a = work.take("attention", (t, cfg.n_head * hd))  # (t, n_head·hd)
-        a = causal_attention(
-            q.reshape(t, cfg.n_head, hd), kc, vc, start, scale, window, cap, out=a, rowwise=rowwise, scratch=work
-        )
-        o = self._bias(product("o", lw.wo, a), lw.bo)  # (t, d)
-        if lw.post_attn_norm is not None:
-            rms_norm_rows(o, lw.post_attn_norm, eps, out=o)
-        x += o
-        h = self._norm(x, lw.ffn_norm, lw.ffn_norm_b, out=work.take("norm", x.shape), rowwise=rowwise)
-        if cfg.spec.ffn in ("swiglu", "geglu"):  # (t, d_ff): act(gate) * up, into gate's buffer
-            gate, up = product("gate", lw.w_gate, h), product("up", lw.w_up, h, again=True)
-            h = (swiglu if cfg.spec.ffn == "swiglu" else geglu)(gate, up, out=gate)
-        else:
-            h = (gelu_rows if rowwise else gelu)(self._bias(product("up", lw.w_up, h), lw.b_up))
-        f = self._bias(product("down", lw.w_down, h), lw.b_down)  # (t, d)
-        if lw.post_ffn_norm is not None:
-            rms_norm_rows(f, lw.post_ffn_norm, eps, out=f)
-        x += f
-
-    def _fast_layers(self) -> list[DecodeLayer | None] | None:
-        """Every layer's one-call decode arguments, when the weight types allow it."""
+    def _fast_layers(self) -> list[DecodeLayer] | None:
+        """The one-call decode step of every layer that runs here (not offloaded), when the kernel runs them all."""
         if not self.fused_decode or float_products_active():
             return None
+        specs = self.layer_specs()
         if self._decode_layers is False:
-            self._decode_layers = self._build_decode_layers()
+            first = self.offload.n_layers if self.offload is not None else 0
+            mine = specs[first:]  # offloaded layers: never run here, never packed
+            fits = all(DecodeLayer.fits(spec) for spec in mine)
+            self._decode_layers = [DecodeLayer(spec) for spec in mine] if fits else None
         return self._decode_layers
-
-    def _build_decode_layers(self) -> list[DecodeLayer | None] | None:
-        cfg, spec = self.cfg, self.cfg.spec
-        first = self.offload.n_layers if self.offload is not None else 0
-        layers: list[DecodeLayer | None] = [None] * first  # offloaded layers: never run here, never packed
-        for li in range(first, cfg.n_layer):
-            lw = self.weights.layers[li]
-            if not DecodeLayer.fits((*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)):
-                return None
-            norms = (lw.attn_norm, lw.attn_norm_b, lw.ffn_norm, lw.ffn_norm_b, lw.q_norm, lw.k_norm,
-                     lw.post_attn_norm, lw.post_ffn_norm)  # fmt: skip
-            biases = (*(lw.bqkv or (None, None, None)), lw.bo, lw.b_up, lw.b_down)
-            flags = (decode.FFN_KINDS[spec.ffn], spec.norm == "layer", cfg.window(li))
-            consts = (cfg.norm_eps, cfg.attn_scale, cfg.attn_softcap)
-            layers.append(
-                DecodeLayer(
-                    norms, lw.wqkv, lw.wo, (lw.w_gate, lw.w_up, lw.w_down), biases, (*self._rope_shape, *flags), consts
-                )  # fmt: skip
-            )
-        return layers
-
-    def _norm(
-        self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, out: np.ndarray | None = None,
-        rowwise: bool = False,
-    ) -> np.ndarray:  # fmt: skip
-        if self.cfg.spec.norm == "rms":
-            return rms_norm_rows(x, weight, self.cfg.norm_eps, out=out)
-        if rowwise:  # each row as the one-token layer normalizes it
-            return layer_norm_rows(x, weight, bias, self.cfg.norm_eps, out=out)
-        return layer_norm(x, weight, bias, self.cfg.norm_eps)
-
-    @staticmethod
-    def _bias(y: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-        if b is not None:
-            y += b
-        return y
 
 
 class Session:

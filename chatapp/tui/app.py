@@ -34,6 +34,8 @@ from chatapp.mcp.config import McpSettings
 from chatapp.mcp.loop import ToolChat, accepts_tools
 from chatapp.model_choices import ModelChoice
 from chatapp.recorder import Recorder
+from chatapp.reply_format import COMMAND as FORMAT_COMMAND
+from chatapp.reply_format import FormatError, constrained, is_format_command, label, parse_format
 from chatapp.tui.commands import chat_commands
 from chatapp.tui.messages import (
     ApprovalNeeded,
@@ -53,11 +55,13 @@ from chatapp.tui.widgets.conversations import ConversationsScreen
 from chatapp.tui.widgets.inspector import InspectorScreen
 from chatapp.tui.widgets.model_picker import ModelPickerScreen
 from chatapp.tui.widgets.prompt_input import PromptInput
+from chatapp.tui.widgets.reply_format import ReplyFormatScreen
 from chatapp.tui.widgets.sampling_panel import SamplingPanel
 from chatapp.tui.widgets.status_bar import StatusBar
 from chatapp.tui.widgets.system_prompt import SystemPromptScreen
 from chatapp.tui.widgets.tool_call import ApprovalPrompt, ToolsScreen
 from chatapp.tui.worker import BackendFactory, load_backend, stream_tool_turn
+from engine.events import GrammarSpec
 from engine.sampling import SamplingSettings
 
 CHAT_ACTIONS = frozenset(
@@ -109,6 +113,7 @@ class ChatApp(App[None]):
         model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
         factory_for_model: Callable[[str], BackendFactory] | None = None,
         mcp: McpSettings | None = None,
+        reply_format: GrammarSpec | None = None,
     ) -> None:
         super().__init__()
         self.mcp = mcp or McpSettings()
@@ -130,6 +135,7 @@ class ChatApp(App[None]):
             model_name=model_name,
             settings=settings,
             system_prompt=system_prompt,
+            reply_format=reply_format,
         )
         """The conversation: every change to the chat goes through it."""
         self.export_dir = export_dir or Path.cwd()
@@ -171,6 +177,7 @@ class ChatApp(App[None]):
         self.theme_changed_signal.subscribe(self, self._theme_picked)
         self.sub_title = "New chat"
         self.panel.display = False
+        self.status.reply_format = label(self.service.reply_format)
         self.status.set_state("loading", "starting…")
         self.status.show_stats(None)
         self._show_banner("loading", "starting…")
@@ -335,6 +342,9 @@ class ChatApp(App[None]):
             self.status.remote = f"remote · {remote.server}"
             self.panel.set_remote(remote.server, remote.honoured, remote.ignored)
         self._apply_settings(self.service.sync_settings)
+        if problem := self.service.check_reply_format():  # e.g. a grammar this vocabulary cannot spell
+            self.notify(problem, title="Reply format", severity="error", timeout=15)
+        self.status.reply_format = label(self.service.reply_format)
         self.status.set_state("ready")
         self.status.show_stats(None)
         self._show_banner("ready")
@@ -366,6 +376,7 @@ class ChatApp(App[None]):
     def _generate(self, backend: ChatBackend, active: ActiveReply) -> None:
         """The one inference worker: runs `backend.stream_reply` (and the tool loop), posts messages, never touches
         widgets."""
+        backend = constrained(backend, active.constraint)
         stream_tool_turn(backend, active.messages, active.turn, self.post_message, active.stop, self._tool_chat())
 
     async def _start_reply(self, active: ActiveReply) -> None:
@@ -432,6 +443,10 @@ class ChatApp(App[None]):
     # ---- sending --------------------------------------------------------------------------------------
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        if is_format_command(event.text):  # /format …: set on success; on a mistake it stays in the box
+            if self.set_reply_format(event.text.strip()[len(FORMAT_COMMAND) :]):
+                self.prompt.clear()
+            return
         try:
             expanded = expand_read_command(event.text)
         except AttachmentError as e:
@@ -619,6 +634,33 @@ class ChatApp(App[None]):
                 self.notify("System prompt set; it applies from the next reply." if text else "System prompt cleared.")
 
         self.push_screen(SystemPromptScreen(self.state.system_prompt), done)
+
+    def action_reply_format(self, value: str = "") -> None:
+        """The reply format dialog; a mistake reopens it with the text typed."""
+
+        def done(text: str | None) -> None:
+            if text is not None and not self.set_reply_format(text):
+                self.action_reply_format(text)
+
+        self.push_screen(ReplyFormatScreen(value), done)
+
+    def clear_reply_format(self) -> None:
+        self.set_reply_format("off")
+
+    def set_reply_format(self, text: str) -> bool:
+        """Apply `json FILE|JSON`, `grammar FILE` or `off` from the next reply; False (and why, shown) if not."""
+        try:
+            self.service.set_reply_format(parse_format(text))
+        except FormatError as e:
+            self.notify(f"Reply format not set: {e}", title="Reply format", severity="error", timeout=10)
+            return False
+        except Refused as refusal:
+            self._refuse(refusal)
+            return False
+        self.status.reply_format = shown = label(self.service.reply_format)
+        self.status.refresh_state()
+        self.notify(f"Replies match the {shown} from the next one." if shown else "Reply format cleared.")
+        return True
 
     def action_toggle_sampling(self) -> None:
         panel = self.panel

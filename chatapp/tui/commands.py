@@ -29,6 +29,9 @@ def chat_commands(app: ChatApp) -> Iterator[SystemCommand]:
     yield SystemCommand("Switch model", "Load another model; the chat carries over (F10)", app.action_switch_model)
     yield SystemCommand("Attach a file", "Put a text file into the message (F9, or /read PATH)", app.action_attach)
     yield SystemCommand("Tools", "The MCP tools: turn one off or on for this chat", app.action_list_tools)
+    yield SystemCommand("Reply format", "Hold replies to a JSON schema or grammar (/format)", app.action_reply_format)
+    if app.service.reply_format is not None:
+        yield SystemCommand("Clear reply format", "Replies are free text again (/format off)", app.clear_reply_format)
     yield SystemCommand("Start MCP servers", "Start the configured servers not running", app.action_start_tools)
     yield SystemCommand("Export chat as Markdown", f"Write it into {app.export_dir} (F8)", app.action_export)
 

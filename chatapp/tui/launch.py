@@ -10,6 +10,7 @@ from chatapp.mcp.config import McpSettings
 from chatapp.model_choices import ModelChoice
 from chatapp.tui.app import ChatApp
 from chatapp.tui.worker import BackendFactory
+from engine.events import GrammarSpec
 from engine.sampling import SamplingSettings
 
 
@@ -24,10 +25,11 @@ def run_app(
     model_choices: Callable[[], Sequence[ModelChoice]] | None = None,
     factory_for_model: Callable[[str], BackendFactory] | None = None,
     mcp: McpSettings | None = None,
+    reply_format: GrammarSpec | None = None,
 ) -> None:
     """Run the chat UI. `backend_factory(progress)` loads the model in a worker thread, reporting progress
     lines through `progress`; `store_path=None` turns history off; the model picker offers `model_choices()`
-    and loads one with `factory_for_model(spec)`."""
+    and loads one with `factory_for_model(spec)`; `reply_format`: what every reply must match."""
     from chatapp import paths
     from chatapp.settings import save_user_setting
 
@@ -45,6 +47,7 @@ def run_app(
         model_choices=model_choices,
         factory_for_model=factory_for_model,
         mcp=mcp,
+        reply_format=reply_format,
     )
     try:
         app.run()

@@ -3,8 +3,8 @@
     backend.py  which array module: CuPy on a CUDA device, or NumPy (tests run the same code on the CPU)
     decode.py   one vectorised decoder per ggml type, from the file's raw blocks
     matrix.py   weights uploaded once in their file encoding; W @ x decoding a tile of rows at a time
-    ops.py      norms, activations, RoPE, attention: engine/model.py's numerics on xp arrays
-    offload.py  the per-layer forward pass and KV cache on the device (engine.model.Offload)
+    ops.py      norms, activations, RoPE, attention: the CPU layer's numerics on xp arrays
+    offload.py  the layer's ops on the device (DeviceOps for engine/layer.py run_layer), and its KV cache
 
 `engine.loader.load_model(..., device=, gpu_layers=)` is the way in; `offload_for` attaches an offload to a
 model directly (tests use it with the NumPy backend).

@@ -1,4 +1,4 @@
-"""The forward pass's float operations against an array module `xp`: engine/model.py's, operation by operation.
+"""The forward pass's float operations against an array module `xp`: the CPU layer's, operation by operation.
 
 Same formulas, same order, same float32 / float16 roundings as the CPU engine, so that the offloaded layers
 and the CPU layers compute the same numbers up to the products' summation order.

@@ -1,8 +1,9 @@
 """The kernel layer: the only place the forward pass touches quantized weights.
 
 It is deliberately narrow -- `matvec`, `matmul`, `embedding_rows` over a `WeightMatrix`, `causal_attention`
-over the float16 cache, `swiglu`, and `DecodeLayer` (one token through a whole layer, decode.py) -- so that
-another backend can provide the same few functions (engine/gpu runs the forward pass on CuPy arrays).
+over the float16 cache, `swiglu` -- so that another backend can provide the same few functions (engine/gpu runs
+the layer on CuPy arrays). The layer's CPU executors sit on them: prompt_ops.py (a pass of several tokens) and
+one_token.py (one token through a whole layer in one compiled call, decode.py).
 
 Products of the quantized types (PACKED_TYPES: all of them) run on a repacked copy of the weight (packed.py, with
 the SIMD block kernels of simd.py), built on the weight's first product and kept instead of the file's pages,
@@ -405,65 +406,6 @@ def dequantize(w: WeightMatrix) -> np.ndarray:
     return got if got is out else np.array(got, dtype=np.float32)
 
 
-def _decode_args(w: WeightMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[np.ndarray, bool]:
-    """W as decode.layer takes it: (q, s, format tag: formats.dispatch.tag) when packed, (bit patterns, bf16) for
-    16-bit floats."""
-    if w.ggml_type in _HALF_TYPES:
-        return w.data, w.ggml_type == bf16.TYPE
-    p = w.prepare().packed
-    return p.q, p.s, p.fmt
-
-
-_NO_BIAS = np.zeros(0, dtype=np.float32)
-
-
-class DecodeLayer:
-    """One layer's arguments for `decode.layer`, the one-call path of a single token, for any family: the
-    family's choices come in as arrays (empty where absent) and flags, built by the model from its config.
-
-    Built only when every product of the layer has a packed or 16-bit float kernel (`fits`); the forward pass
-    uses the per-op path otherwise, and whenever `float_products()` is in force.
-    """
-
-    def __init__(
-        self,
-        norms: Sequence[np.ndarray | None],  # attn, attn bias, ffn, ffn bias, q, k, post-attention, post-FFN
-        wqkv: tuple[WeightMatrix, WeightMatrix, WeightMatrix],
-        wo: WeightMatrix,
-        ffn: tuple[WeightMatrix | None, WeightMatrix, WeightMatrix],  # gate (None: ungated), up, down
-        biases: Sequence[np.ndarray | None],  # q, k, v, output, up, down
-        shape: tuple[int, ...],  # n_head, n_kv, head_dim, rope_dim, neox, ffn kind, layer norm, window
-        consts: tuple[float, float, float],  # norm eps, attention scale, attention soft-cap (0: none)
-    ):
-        def f32(a: np.ndarray | None) -> np.ndarray:
-            return _NO_BIAS if a is None else np.ascontiguousarray(a, dtype=np.float32)
-
-        self._norms = tuple(f32(n) for n in norms)
-        self._wqkv = tuple(_decode_args(w) for w in wqkv)
-        self._wo = _decode_args(wo)
-        gate, up, down = ffn
-        self._ffn = (_decode_args(gate if gate is not None else up), _decode_args(up), _decode_args(down))
-        self._biases = tuple(f32(b) for b in biases)
-        n_head, n_kv, hd, rope_dim, neox, ffn_kind, layer_norm, window = (int(v) for v in shape)
-        self._shape = (n_head, n_kv, hd, rope_dim, neox, down.cols, ffn_kind, layer_norm, window)
-        self._consts = tuple(float(c) for c in consts)
-        self._gelu = attention.gelu_table()  # GeGLU's table (float32 (65536,)), passed to every layer
-
-    @staticmethod
-    def fits(weights: Sequence[WeightMatrix | None]) -> bool:
-        return all(w is None or w.ggml_type in PACKED_TYPES or w.ggml_type in _HALF_TYPES for w in weights)
-
-    def __call__(
-        self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray, cos: np.ndarray, sin: np.ndarray
-    ) -> None:
-        """x (d,) float32 in place; kc, vc (n_kv, rows, hd) float16 the layer's cache; cos, sin (rope_dim/2,)."""
-        decode.layer(
-            x, pos, self._norms, *self._wqkv, self._wo, *self._ffn, self._biases, kc.view(np.uint16),
-            vc.view(np.uint16), cos, sin, self._shape, self._consts, self._gelu, PARALLEL_MIN_BYTES,
-            get_num_threads(),
-        )  # fmt: skip
-
-
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:
     """RMSNorm of every row of x (t, d) float32 -> (t, d), rows in parallel, each as the decode layer's; into
     out where given (x itself may be out)."""
@@ -551,7 +493,7 @@ def causal_attention(
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
     q = np.ascontiguousarray(q, dtype=np.float32)
     kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
-    if t == 1:  # decode: the one-query kernel (as DecodeLayer's), no BLAS call for a single row
+    if t == 1:  # decode: the one-query kernel (as decode.layer's), no BLAS call for a single row
         out = np.empty((1, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
         attention.attend_one(q.reshape(-1), kc16, vc16, start, n_head, scale, window, softcap, threads, out[0])

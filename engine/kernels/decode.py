@@ -1,16 +1,17 @@
 """One decode step of a transformer layer in a single compiled call: the fast path for one new token.
 
-The reference forward pass (model.py) runs each small operation -- norm, rope, attention over the cache,
-SwiGLU -- as separate calls, a few microseconds of dispatch each; at one token per call that overhead, some
-300 calls a token, costs as much as the matrix products themselves. `layer` does the same arithmetic for any
-family's layer in one call, the family's choices passed as arguments (norm kind, q/k norms, post-norms, FFN
-kind, RoPE, attention scale, sliding window, soft-cap), with the same products as the kernel layer (packed.py
-for the quantized types, floats.py for F16 and BF16), so a token costs n_layer calls into compiled code.
+The per-op path (engine/layer.py `run_layer` on kernels/prompt_ops.py) runs each small operation -- norm, rope,
+attention over the cache, SwiGLU -- as separate calls, a few microseconds of dispatch each; at one token per
+call that overhead, some 300 calls a token, costs as much as the matrix products themselves. `layer` does the
+same arithmetic for any family's layer in one call, the layer's LayerSpec passed as named arguments (norm kind,
+q/k norms, post-norms, FFN kind, RoPE, attention scale, sliding window, soft-cap; one_token.py builds them),
+with the same products as the kernel layer (packed.py for the quantized types, floats.py for F16 and BF16), so
+a token costs n_layer calls into compiled code.
 
 A weight is passed as a tuple: (q, s, format tag) when packed, (w, bf16) when 16-bit floats; `product` picks the
 kernel from the tuple's type when the layer is compiled, so a layer is compiled for its weights' formats.
 
-Numerics follow model.py: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), packed products on
+Numerics follow the per-op path: q, k, v rounded to float16 values (llama.cpp's F16 KV cache), packed products on
 activations quantized to int8 per 32. Attention sums in a different order than BLAS, so results agree with
 the reference to float32 rounding, not bit for bit.
 """
@@ -24,7 +25,7 @@ from numba.extending import overload
 from . import floats, packed
 from .attention import attend_one, float_to_half, geglu_row, half_to_float, swiglu_row
 
-# FFN kinds, as `layer` takes them (engine/families.py names them).
+# FFN kinds, as `layer` takes them (engine/layer.py DenseFfn.activation names them).
 FFN_KINDS = {"swiglu": 0, "geglu": 1, "gelu": 2}
 
 
@@ -243,22 +244,35 @@ def norm_into(x, w, b, layer_norm_kind, eps, out):
 
 
 @njit(cache=True, nogil=True)
-def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, cos, sin, shape, consts,
-          gelu, parallel_min_bytes, threads):  # fmt: skip
-    """x (d,) float32, in place: one token at position pos through one layer of any family.
+def branch_out(w, a, b, post_norm, eps, h, x, parallel_min_bytes):
+    """x (d,) += post_norm(W a + b), h (d,) the scratch: a branch's output projection, its post-norm (an
+    RMSNorm; none where post_norm is empty) and the residual."""
+    product(w, a, h, parallel_min_bytes)
+    add_bias(h, b)
+    if post_norm.shape[0]:
+        rms_norm(h, post_norm, eps, h)
+    for i in range(x.shape[0]):
+        x[i] += h[i]
 
-    norms: (attn_norm, attn_norm_b, ffn_norm, ffn_norm_b, q_norm, k_norm, post_attn_norm, post_ffn_norm),
-    (d,) or (head_dim,) each, empty arrays where the family has none. w*: weight tuples (module docstring);
-    w_gate is unused by the ungated FFN. biases: (bq, bk, bv, bo, b_up, b_down), empty where absent.
+
+@njit(cache=True, nogil=True)
+def layer(x, pos, kc, vc, cos, sin, threads,
+          attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
+          wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
+          n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
+          eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+    """x (d,) float32, in place: one token at position pos through one layer of any family -- engine.layer's
+    run_layer as one compiled call. Its arguments after `threads` are those of engine.layer's LayerSpec, named
+    so, built by one_token.decode_args.
+
     kc, vc (n_kv, rows, hd): the layer's cache as float16 bit patterns (uint16), position p in row p % rows;
-    position pos is written. cos, sin (rope_dim/2,): this position's rotation.
-    shape: (n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn kind (FFN_KINDS), layer norm, window).
-    consts: (norm eps, attention scale, attention soft-cap or 0). gelu: attention.gelu_table(), GeGLU's.
-    Products of at least parallel_min_bytes of weights, and attention over a long context, run on `threads`
-    threads.
+    position pos is written. cos, sin (rope_dim/2,): this position's rotation. Norm weights (d,) or (head_dim,)
+    and biases are float32, empty arrays where the layer has none; w*: weight tuples (module docstring), w_gate
+    unused by the ungated FFN (ffn_kind, FFN_KINDS). layer_norm_kind: the pre-norms are LayerNorms (else
+    RMSNorms); q/k and post-norms are RMSNorms. gelu: attention.gelu_table(), GeGLU's. Products of at least
+    parallel_min_bytes of weights, and attention over a long context, run on `threads` threads.
     """
-    n_head, n_kv, hd, rope_dim, neox, d_ff, ffn, layer_norm_kind, window = shape
-    eps, attn_scale, softcap = consts
+    hd = head_dim
     d = x.shape[0]
     h = np.empty(d, dtype=np.float32)
     q = np.empty(n_head * hd, dtype=np.float32)  # (n_head·hd,)
@@ -266,14 +280,15 @@ def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, c
     v = np.empty(n_kv * hd, dtype=np.float32)
 
     # attention
-    norm_into(x, norms[0], norms[1], layer_norm_kind, eps, h)
+    norm_into(x, attn_norm, attn_norm_b, layer_norm_kind, eps, h)
     products3(wq, wk, wv, h, q, k, v, parallel_min_bytes)
-    add_bias(q, biases[0])
-    add_bias(k, biases[1])
-    add_bias(v, biases[2])
-    if norms[4].shape[0]:
-        head_norms(q, n_head, hd, norms[4], eps)
-        head_norms(k, n_kv, hd, norms[5], eps)
+    add_bias(q, bq)
+    add_bias(k, bk)
+    add_bias(v, bv)
+    if q_norm.shape[0]:
+        head_norms(q, n_head, hd, q_norm, eps)
+    if k_norm.shape[0]:
+        head_norms(k, n_kv, hd, k_norm, eps)
     rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
     rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
     round_to_half(q)
@@ -284,31 +299,22 @@ def layer(x, pos, norms, wq, wk, wv, wo, w_gate, w_up, w_down, biases, kc, vc, c
             vc[j, row, i] = float_to_half(v[j * hd + i])
     a = np.empty(n_head * hd, dtype=np.float32)
     attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, threads, a)
-    product(wo, a, h, parallel_min_bytes)
-    add_bias(h, biases[3])
-    if norms[6].shape[0]:
-        rms_norm(h, norms[6], eps, h)
-    for i in range(d):
-        x[i] += h[i]
+    branch_out(wo, a, bo, attn_post_norm, eps, h, x, parallel_min_bytes)
 
     # feed-forward
-    norm_into(x, norms[2], norms[3], layer_norm_kind, eps, h)
+    norm_into(x, ffn_norm, ffn_norm_b, layer_norm_kind, eps, h)
     up = np.empty(d_ff, dtype=np.float32)
-    if ffn == 2:  # ungated: gelu(up + b)
+    if ffn_kind == 2:  # ungated: gelu(up + b)
         product(w_up, h, up, parallel_min_bytes)
-        add_bias(up, biases[4])
+        add_bias(up, b_up)
         for i in range(d_ff):
             up[i] = gelu_tanh(up[i])
     else:
         gate = np.empty(d_ff, dtype=np.float32)
         products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
-        if ffn == 1:
+        add_bias(up, b_up)
+        if ffn_kind == 1:
             geglu_row(gate, up, up, gelu)
         else:
             swiglu_row(gate, up, up)
-    product(w_down, up, h, parallel_min_bytes)
-    add_bias(h, biases[5])
-    if norms[7].shape[0]:
-        rms_norm(h, norms[7], eps, h)
-    for i in range(d):
-        x[i] += h[i]
+    branch_out(w_down, up, b_down, ffn_post_norm, eps, h, x, parallel_min_bytes)

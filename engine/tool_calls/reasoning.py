@@ -32,6 +32,7 @@ class ReasoningStream:
         self.mode = "thinking" if opened else "start"  # start -> thinking -> answer, or start -> answer
         self.at = 0  # where the current mode's text begins
         self.sent = 0  # how much of it was sent
+        self.strip = False  # the answer after a thinking block: its leading whitespace is still to drop
 
     def push(self, piece: str) -> tuple[str, str]:
         """(reasoning, answer) text to send now for `piece`."""
@@ -52,14 +53,14 @@ class ReasoningStream:
                 reasoning, self.sent = self.text[self.at + self.sent : end], max(self.sent, end - self.at)
                 return reasoning, ""
             reasoning = self.text[self.at + self.sent : i]
-            self.mode, self.at, self.sent = "answer", i + len(CLOSE), 0
-            if not self.text[self.at :].strip():
-                return reasoning, ""
-            self.at = len(self.text) - len(self.text[self.at :].lstrip())
+            self.mode, self.at, self.sent, self.strip = "answer", i + len(CLOSE), 0, True
         rest = self.text[self.at :]
-        if self.sent == 0 and not rest.strip():  # the answer's leading whitespace is dropped
-            self.at = len(self.text)
-            return reasoning, ""
+        if self.strip:  # as split_reasoning, whether it comes with the tag, alone, or with the first words
+            skipped = len(rest) - len(rest.lstrip())
+            self.at, rest = self.at + skipped, rest[skipped:]
+            if not rest:
+                return reasoning, ""
+            self.strip = False
         answer, self.sent = rest[self.sent :], len(rest)
         return reasoning, answer
 

@@ -3,8 +3,8 @@ failure modes: each request takes the next mode from `FakeServer.modes` ("ok" wh
 
 Modes: ok, forever (tokens until the client leaves), hang (headers never come), 401, 404, 429, 503,
 bad-json, bad-shape, no-finish, not-sse, no-logprobs-400 (refuses logprobs, then ok), timings (llama-server's
-`timings`, no `usage`). Nothing here waits on the machine's speed: `forever` streams until the client closes,
-`hang` until the client gives up.
+`timings`, no `usage`), call-add (a streamed call of `add` with a=20, b=22, its arguments in pieces). Nothing
+here waits on the machine's speed: `forever` streams until the client closes, `hang` until the client gives up.
 """
 
 from __future__ import annotations
@@ -109,6 +109,15 @@ def build_app(fake: FakeServer) -> Starlette:
                 if mode == "bad-json":
                     yield _sse(_chunk("Hel"))
                     yield "data: {not json\n\n"
+                    return
+                if mode == "call-add":
+                    head = {"index": 0, "id": "call_7", "type": "function", "function": {"name": "add"}}
+                    yield _sse({**_chunk(None), "choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
+                    for part in ('{"a": ', "20, ", '"b": 22}'):
+                        piece = {"index": 0, "function": {"arguments": part}}
+                        yield _sse({**_chunk(None), "choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]})
+                    yield _sse(_chunk(None, finish="tool_calls"))
+                    yield _sse("[DONE]")
                     return
                 if mode == "bad-shape":
                     yield _sse(_chunk("Hel"))

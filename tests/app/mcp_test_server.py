@@ -1,6 +1,6 @@
 """A small stdio MCP server (the `mcp` SDK's MCPServer) whose tools fail on command, for the tool-loop tests.
 
-Run: python tests/app/mcp_test_server.py [--fail-start]
+Run: python tests/app/mcp_test_server.py [--fail-start] [--http PORT]   (--http: streamable HTTP on 127.0.0.1)
 """
 
 from __future__ import annotations
@@ -57,4 +57,7 @@ if __name__ == "__main__":
     if "--fail-start" in sys.argv:
         print("testtools: refusing to start", file=sys.stderr, flush=True)
         sys.exit(2)
-    server.run("stdio")
+    if "--http" in sys.argv:
+        server.run("streamable-http", port=int(sys.argv[sys.argv.index("--http") + 1]))
+    else:
+        server.run("stdio")

@@ -224,6 +224,36 @@ def test_a_server_that_crashes_mid_call_and_one_that_does_not_start():
         own.close()
 
 
+def test_a_streamable_http_server_from_the_url_key(tmp_path: Path):
+    """The `{"url": ...}` shape: the same SDK server over streamable HTTP, a process of its own."""
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([sys.executable, SERVER, "--http", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    own = McpClient(McpSettings((ServerSpec("web", url=f"http://127.0.0.1:{port}/mcp"),), timeout=20))
+    try:
+        deadline = time.monotonic() + 60
+        while b"Uvicorn running" not in log.read_bytes():  # the SDK serves with uvicorn
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.1)
+        assert own.start() == []
+        assert {t.name for t in own.tools} >= {"add", "long_text"} and {t.server for t in own.tools} == {"web"}
+        backend = FakeBackend([call("add", {"a": 19, "b": 23}), "42"])
+        _, turn, runner, _ = ask(backend, own, ["once"])
+        record = turn.rounds[0].calls[0]
+        assert runner.ran == ["add"] and (record.status, record.result, record.server) == ("ok", "42", "web")
+    finally:
+        own.close()
+        process.terminate()
+        process.wait(timeout=30)
+
+
 # ---- a real server from PyPI ------------------------------------------------------------------------------
 
 

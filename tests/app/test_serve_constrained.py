@@ -158,3 +158,38 @@ def test_a_remote_regex_constraint_is_refused_clearly() -> None:
     assert constraint_fields(GrammarSpec("json_object"), chat=True) == {"response_format": {"type": "json_object"}}
     with pytest.raises(RemoteError, match="regex"):
         constraint_fields(GrammarSpec("regex", "[0-9]+"), chat=True)
+
+
+# A reply that opens with a thinking block, written by the real model: no reachable GGUF is a thinking model,
+# so a grammar makes this one write the block's shape and the model fills it in.
+THINKING = 'root ::= "<think>" [a-z ,]{8,60} ".</think>" [A-Za-z ,]{2,40} "."'
+
+
+def test_a_think_block_goes_to_reasoning_content_whole_streamed_and_through_the_remote_client(
+    qserver: Server,
+) -> None:
+    from chatapp.remote import connect
+    from engine.constraint import GrammarSpec
+    from engine.events import Message, TokenEvent
+    from engine.sampling import SamplingSettings
+
+    ask = {"model": qserver.model, "messages": _user("Is the sky blue?"), "temperature": 0, "max_tokens": 48,
+           "extra_body": {"grammar": THINKING}}  # fmt: skip
+    client = qserver.client()
+    whole = client.chat.completions.create(**ask).choices[0]
+    reasoning = whole.message.model_extra["reasoning_content"]
+    assert re.fullmatch(r"[a-z ,]{8,60}\.", reasoning), whole
+    assert re.fullmatch(r"[A-Za-z ,]{2,40}\.", whole.message.content) and "think>" not in whole.message.content
+    assert whole.finish_reason == "stop"
+
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+    streamed = [d.model_extra.get("reasoning_content") or "" for d in deltas]
+    assert sum(1 for s in streamed if s) > 1  # sent as generated
+    assert "".join(streamed) == reasoning and "".join(d.content or "" for d in deltas) == whole.message.content
+
+    backend = connect(f"{qserver.url}/v1", settings=SamplingSettings(temperature=0, max_tokens=48))
+    events = list(backend.stream_reply([Message("user", "Is the sky blue?")], constraint=GrammarSpec("gbnf", THINKING)))
+    stats = events[-1]
+    assert stats.reasoning == reasoning and stats.reply == whole.message.content
+    shown = "".join(e.text for e in events if isinstance(e, TokenEvent))  # as a local model's thinking is shown
+    assert shown == f"<think>{reasoning}</think>\n\n{whole.message.content}"

@@ -5,6 +5,7 @@ Slow (loads the model; the first run also compiles the kernels), so it is marked
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,85 @@ async def test_real_model_chat_end_to_end(smollm2_path: Path, tmp_path: Path):
     finally:
         store.close()
     assert progress_lines, "the loader reported no progress"
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+async def test_a_reply_format_holds_the_real_models_replies(smollm2_model, tmp_path: Path):
+    """/format json FILE holds the next reply to the schema, /format off frees it, and a mistake is one clear
+    line that loses nothing typed: a missing file stays in the box, a bad schema in the reopened dialog."""
+    import jsonschema
+    from textual.widgets import Input
+
+    from chatapp.tui.widgets.reply_format import ReplyFormatScreen
+    from engine.chat import ChatSession
+
+    (tmp_path / "city.json").write_text(json.dumps(CITY))
+    settings = SamplingSettings(temperature=0.0, max_tokens=24)
+    app = ChatApp(lambda progress: ChatSession(smollm2_model), model_name="smollm2", settings=settings)
+    record_notices(app)
+    status = lambda: str(app.query_one("#status-left").render())  # noqa: E731
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, timeout=300, what="the model")
+        missing = f"/format json {tmp_path / 'nowhere.json'}"
+        await send(pilot, missing, wait=False)
+        assert "cannot read" in app.notices[-1] and app.prompt.text == missing and not app.state.turns
+
+        await send(pilot, f"/format json {tmp_path / 'city.json'}", wait=False)
+        assert app.prompt.text == "" and "json schema" in status()
+        await send(pilot, "What is the capital of France?")
+        reply = app.state.turns[-1]
+        assert reply.error is None, reply.error
+        jsonschema.validate(json.loads(reply.content), CITY)
+
+        await send(pilot, "/format off", wait=False)
+        assert "json schema" not in status()
+        await send(pilot, "Say hello to me.")
+        with pytest.raises(ValueError):  # prose again (JSONDecodeError is a ValueError)
+            json.loads(app.state.turns[-1].content)
+
+        app.prompt.set_text("a draft")
+        app.action_reply_format()
+        await pilot.pause()
+        bad = 'json {"type": "objekt"}'
+        app.screen.query_one(Input).value = bad
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "objekt" in app.notices[-1] and app.notices[-1].startswith("Reply format not set")
+        assert isinstance(app.screen, ReplyFormatScreen) and app.screen.query_one(Input).value == bad
+        await pilot.press("escape")
+        assert app.service.reply_format is None and app.prompt.text == "a draft"
+
+
+def test_the_app_flag_reaches_the_app_and_a_bad_one_stops_in_one_line(isolated_dirs, tmp_path, monkeypatch, capsys):
+    """`chatapp -j FILE` hands the app its starting format; `--grammar MISSING` exits 2 naming the flag."""
+    import chatapp.tui.launch as tui_launch
+    from chatapp.cli import main
+    from engine.events import GrammarSpec
+
+    (tmp_path / "city.json").write_text(json.dumps(CITY))
+    started: list[dict] = []
+    monkeypatch.setattr(tui_launch, "run_app", lambda factory, **kw: started.append(kw))
+    assert main(["-j", str(tmp_path / "city.json")]) == 0
+    assert started[0]["reply_format"] == GrammarSpec("json_schema", json.dumps(CITY))
+    assert main(["--grammar", str(tmp_path / "nowhere.gbnf")]) == 2 and len(started) == 1
+    assert "--grammar: cannot read" in capsys.readouterr().err
+
+
+def test_a_starting_format_the_model_cannot_compile_is_cleared_with_a_reason(smollm2_model):
+    from chatapp.chat_service import ChatService
+    from chatapp.recorder import Recorder
+    from engine.chat import ChatSession
+    from engine.events import GrammarSpec
+
+    bad = GrammarSpec("gbnf", 'root ::= "a" | nowhere')
+    service = ChatService(Recorder(None, print), model_name="m", settings=SamplingSettings(), reply_format=bad)
+    service.model_ready(ChatSession(smollm2_model))
+    problem = service.check_reply_format()
+    assert problem is not None and "nowhere" in problem and service.reply_format is None

@@ -176,3 +176,67 @@ async def test_a_tool_turned_off_is_not_offered():
         assert "add" not in offered and "long_text" in offered
         await app.action_new_chat()
         await tools_ready(pilot, "6 tools")  # per chat: a new chat offers them all again
+
+
+async def test_on_a_remote_model_the_server_s_call_runs_here_after_approval(tmp_path: Path):
+    """`--api-base`: the MCP tools go to the server in `tools`, its streamed tool_calls come back, the app asks,
+    runs the call on the MCP server here, and sends the call and its result back with the next request."""
+    from chatapp.remote import connect
+    from chatapp.tui.app import ChatApp
+    from engine.sampling import SamplingSettings
+    from tests.app.fake_backend import record_notices
+    from tests.app.fake_openai_server import REPLY, fake_server
+
+    with fake_server() as fake:
+        fake.modes = ["call-add", "ok"]
+        settings = SamplingSettings()
+        app = ChatApp(
+            lambda progress: connect(fake.url, settings=settings, progress=progress),
+            model_name="remote", settings=settings, mcp=TOOLS,
+        )  # fmt: skip
+        record_notices(app)
+        async with app.run_test(size=(120, 50)) as pilot:
+            await tools_ready(pilot)
+            await send(pilot, "What is 20 + 22?", wait=False)
+            await asked(pilot)
+            assert blocks(app)[0].record.arguments == '{"a": 20, "b": 22}'  # the pieces, joined
+            await pilot.press("y")
+            await finished(pilot)
+            reply = app.state.turns[-1]
+        first, second = fake.bodies
+        assert {t["function"]["name"] for t in first["tools"]} >= {"add", "long_text"}
+        (record,) = reply.rounds[0].calls
+        assert (record.status, record.result, record.server) == ("ok", "42", "testtools")
+        call, result = second["messages"][-2:]
+        assert call == {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "call_7", "type": "function", "function": {"name": "add", "arguments": '{"a": 20, "b": 22}'}}
+            ],
+        }
+        assert result == {"role": "tool", "content": "42", "tool_call_id": "call_7", "name": "add"}
+        assert reply.content == "".join(REPLY) and len(reply.rounds) == 1
+
+
+async def test_a_reply_s_calls_are_kept_on_its_branch(store):
+    """Regenerate a reply that called a tool: the new one did not; back on the first, its call block, result and
+    the calls sent to the model are there again."""
+    backend = FakeBackend([call("add", {"a": 2, "b": 3}), "Sum is 5.", "No tools this time."])
+    app = make_app(backend, store=store, mcp=TOOLS)
+    async with app.run_test(size=(120, 50)) as pilot:
+        await tools_ready(pilot)
+        await send(pilot, "add 2 and 3", wait=False)
+        await asked(pilot)
+        await pilot.press("y")
+        await finished(pilot)
+        with_call = app.state.backend_messages()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.generating and app.state.turns[-1].content == "No tools this time.")
+        await pilot.pause()
+        assert blocks(app) == [] and app.state.turns[-1].rounds == []
+        app.query(AssistantMessage).last().focus()
+        await pilot.press("left")
+        await wait_for(pilot, lambda: app.state.turns[-1].content == "Sum is 5.", what="the first branch")
+        await pilot.pause()
+        assert [(b.record.name, b.record.result) for b in blocks(app)] == [("add", "5")]
+        assert app.state.backend_messages() == with_call

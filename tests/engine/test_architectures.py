@@ -1,4 +1,5 @@
-"""Tiny synthetic GGUFs of every architecture against an independent float64 NumPy forward pass."""
+"""Tiny synthetic GGUFs of every architecture against an independent float64 NumPy forward pass, through every
+executor of the layer: the CPU prompt path, the CPU one-token step, the device (on NumPy)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ def test_forward_matches_reference(tmp_path, arch: str, matrix_type: T) -> None:
     for chunk in (IDS[:1], IDS[1:5], IDS[5:6], IDS[6:]):
         last = session.eval(chunk)
         close(last[None], ref[session.n_past - 1][None], bound)
+    # Every executor of the one layer (engine/layer.py) against the same reference: the prompt path above; the
+    # fused one-token step, token by token (F32 products have no one-token kernel: their tokens take the prompt
+    # path); the device's ops with NumPy standing in for CuPy, every layer and the output head on it.
+    assert (model._fast_layers() is not None) == (matrix_type != T.F32)
+    one_token = model.session()
+    close(np.stack([one_token.eval([i]) for i in IDS]), ref, bound)
+    # The device's float products: measured up to 0.0013 of the spread (llama BF16; every family and type, whole
+    # and token by token, Intel Xeon family 6 model 207, 2026-12-06), within the float products' bound.
+    device = load_model(tiny.path, n_ctx=64, device="numpy")
+    close(device.logits(IDS), ref, REFERENCE_BOUNDS["F32"])
+    on_device = device.session()
+    close(np.stack([on_device.eval([i]) for i in IDS]), ref, REFERENCE_BOUNDS["F32"])
 
 
 def test_tied_output_uses_token_embedding(tmp_path) -> None:

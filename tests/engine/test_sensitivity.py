@@ -2,7 +2,8 @@
 
 Each test runs one of the suite's own checks twice: on the engine as it is (the check passes), then with one
 fault patched in (the check must fail). A check that passes both ways could not tell the fault from the engine.
-Forward-pass faults go in through the names engine.model calls (its kernels and RoPE tables), on a tiny
+Forward-pass faults go in through the names the CPU layer calls (engine/kernels/prompt_ops.py's kernels,
+engine/layer.py's RoPE tables, engine.model's DecodeLayer), on a tiny
 synthetic llama (4 query heads over 2 kv heads, so the grouped heads can be mapped wrong); the sampler's and
 the chat layer's through their own functions.
 """
@@ -15,12 +16,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+import engine.kernels.prompt_ops
+import engine.layer
 import engine.model
 import engine.sampling
 from engine import load_model
 from engine.chat import ChatSession
 from engine.events import STOP_CANCELLED, Message, TokenEvent, TurnStats
 from engine.kernels import WeightMatrix, float_products
+from engine.layer import LayerSpec
 from engine.model import Model
 from engine.sampling import SamplingSettings
 
@@ -59,9 +63,9 @@ def check_cache_exactly_fresh(model: Model) -> None:
 def one_token_store(
     change: Callable[[int, np.ndarray, np.ndarray], tuple[int, np.ndarray, np.ndarray]],
 ) -> Callable[..., None]:
-    """engine.model's rope_into_cache with `change(start, cos, sin)` applied when one token is stored: a fault
+    """The prompt path's rope_into_cache with `change(start, cos, sin)` applied when one token is stored: a fault
     in the incremental path only, so a cache built token by token differs from a fresh prompt."""
-    real = engine.model.rope_into_cache
+    real = engine.kernels.prompt_ops.rope_into_cache
 
     def store(
         q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: np.ndarray, vc: np.ndarray,
@@ -82,7 +86,9 @@ def one_token_store(
 def test_kv_cache_shifted_by_one_fails_cache_vs_fresh(model: Model, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new token's k, v stored one row late: assert_cache_exactly_fresh fails."""
     check_cache_exactly_fresh(model)
-    monkeypatch.setattr(engine.model, "rope_into_cache", one_token_store(lambda start, c, s: (start + 1, c, s)))
+    monkeypatch.setattr(
+        engine.kernels.prompt_ops, "rope_into_cache", one_token_store(lambda start, c, s: (start + 1, c, s))
+    )
     with pytest.raises(AssertionError):
         check_cache_exactly_fresh(model)
 
@@ -93,9 +99,10 @@ def test_rope_position_off_by_one_fails_cache_vs_fresh(model: Model, monkeypatch
     check_cache_exactly_fresh(model)
 
     def next_position(start: int, cos: np.ndarray, sin: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-        return start, model._cos[start + 1 : start + 2], model._sin[start + 1 : start + 2]
+        rope = model.layer_specs()[0].attention.rope  # every layer's tables, in this llama
+        return start, rope.cos[start + 1 : start + 2], rope.sin[start + 1 : start + 2]
 
-    monkeypatch.setattr(engine.model, "rope_into_cache", one_token_store(next_position))
+    monkeypatch.setattr(engine.kernels.prompt_ops, "rope_into_cache", one_token_store(next_position))
     with pytest.raises(AssertionError):
         check_cache_exactly_fresh(model)
 
@@ -106,8 +113,10 @@ def test_rope_position_off_by_one_fails_cache_vs_fresh(model: Model, monkeypatch
 def test_wrong_rope_base_fails_the_reference(tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
     """RoPE tables built for base 1e6 (Qwen2's) where the file says 1e4: assert_matches_reference fails."""
     check_reference(load_model(tiny.path, n_ctx=64), tiny)
-    real = engine.model.rope_tables
-    monkeypatch.setattr(engine.model, "rope_tables", lambda cfg, *args: real(replace(cfg, rope_base=1e6), *args))
+    real = engine.layer.rope_tables
+    monkeypatch.setattr(
+        engine.layer, "rope_tables", lambda cfg, *args, **kw: real(replace(cfg, rope_base=1e6), *args, **kw)
+    )
     faulty = load_model(tiny.path, n_ctx=64)  # the tables are built when the model loads
     with pytest.raises(AssertionError):
         check_reference(faulty, tiny)
@@ -117,7 +126,7 @@ def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, mon
     """The last layer's FFN output replaces x instead of adding to it: assert_matches_reference fails."""
     check_reference(model, tiny)
     # x += W_down h is the residual; returning W_down h - x makes it x = W_down h. The FFN norm's input is x.
-    norm, matmul = engine.model.rms_norm_rows, engine.model.matmul
+    norm, matmul = engine.kernels.prompt_ops.rms_norm_rows, engine.kernels.prompt_ops.matmul
     down = model.weights.layers[-1].w_down
     seen: list[np.ndarray] = []
 
@@ -129,8 +138,8 @@ def test_dropped_residual_fails_the_reference(model: Model, tiny: TinyModel, mon
         out = matmul(w, xs, **kwargs)
         return out - seen[0] if w is down else out
 
-    monkeypatch.setattr(engine.model, "rms_norm_rows", remember_norm_input)
-    monkeypatch.setattr(engine.model, "matmul", without_residual)
+    monkeypatch.setattr(engine.kernels.prompt_ops, "rms_norm_rows", remember_norm_input)
+    monkeypatch.setattr(engine.kernels.prompt_ops, "matmul", without_residual)
     with pytest.raises(AssertionError):
         check_reference(model, tiny)
 
@@ -153,9 +162,11 @@ def test_wrong_gqa_mapping_fails_the_reference(model: Model, tiny: TinyModel, mo
     check_reference(model, tiny)
     # The same stand-in with the right mapping passes: what fails below is the mapping, not the stand-in.
     right = grouped_attention(lambda h, n_head, n_kv: h // (n_head // n_kv))
-    monkeypatch.setattr(engine.model, "causal_attention", right)
+    monkeypatch.setattr(engine.kernels.prompt_ops, "causal_attention", right)
     check_reference(model, tiny)
-    monkeypatch.setattr(engine.model, "causal_attention", grouped_attention(lambda h, n_head, n_kv: h % n_kv))
+    monkeypatch.setattr(
+        engine.kernels.prompt_ops, "causal_attention", grouped_attention(lambda h, n_head, n_kv: h % n_kv)
+    )
     with pytest.raises(AssertionError):
         check_reference(model, tiny)
 
@@ -165,13 +176,13 @@ def test_wrong_softmax_scale_fails_the_reference(
 ) -> None:
     """Scores scaled by 1/head_dim instead of 1/sqrt(head_dim): assert_matches_reference fails."""
     check_reference(model, tiny)
-    real = engine.model.causal_attention
+    real = engine.kernels.prompt_ops.causal_attention
     hd = model.cfg.head_dim
 
     def scaled_twice(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, start: int, *layer: float, **kw) -> np.ndarray:
         return real(q * np.float32(1 / np.sqrt(hd)), kc, vc, start, *layer, **kw)  # the layer's 1/sqrt(hd) on top: 1/hd
 
-    monkeypatch.setattr(engine.model, "causal_attention", scaled_twice)
+    monkeypatch.setattr(engine.kernels.prompt_ops, "causal_attention", scaled_twice)
     with pytest.raises(AssertionError):
         check_reference(model, tiny)
 
@@ -219,11 +230,12 @@ def fused_attn_norm_scaled(model: Model, layer: int, factor: float, monkeypatch:
     built: list[int] = []
 
     class Faulty(real):
-        def __init__(self, norms, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003 - DecodeLayer's own
+        def __init__(self, spec: LayerSpec) -> None:
             if len(built) == layer:
-                norms = (norms[0] * np.float32(factor), *norms[1:])
+                scaled = replace(spec.attn_norm, weight=spec.attn_norm.weight * np.float32(factor))
+                spec = replace(spec, attn_norm=scaled)
             built.append(1)
-            super().__init__(norms, *args, **kwargs)
+            super().__init__(spec)
 
     monkeypatch.setattr(engine.model, "DecodeLayer", Faulty)
     monkeypatch.setattr(model, "_decode_layers", False)  # rebuilt, with the fault, on the next token

@@ -174,6 +174,11 @@ def test_reasoning_is_split_from_the_answer_whole_and_streamed() -> None:
         parts = [stream.push(reply[i : i + size]) for i in range(0, len(reply), size)]
         assert "".join(r for r, _ in parts).strip() == "The user wants 2+2."
         assert "".join(a for _, a in parts) == "It is 4."
+    # as a tokenizer cuts it: the tag alone, then the first word with its space (recorded from Qwen2.5-Coder)
+    for pieces in (["<think>", "yes", ".</think>", " This", " is"], ["<think>x</think>", "\n", "\n", "It"]):
+        stream = ReasoningStream()
+        answer = "".join(stream.push(p)[1] for p in pieces)
+        assert answer == split_reasoning("".join(pieces))[1] and not answer[0].isspace()
 
 
 def test_the_calls_grammar_compiles_for_every_format_and_holds_calls_to_the_schemas(qwen_model) -> None:

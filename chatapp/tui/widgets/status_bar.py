@@ -30,6 +30,8 @@ class StatusBar(Horizontal):
         self.n_ctx: int | None = None
         self.tools = ""
         """The MCP tools offered ("3 tools"); "" without servers."""
+        self.reply_format = ""
+        """What replies must match ("json schema", "grammar"); "" for free text."""
         self._last: TurnStats | None = None
         self._state = ("loading", "")
 
@@ -48,12 +50,14 @@ class StatusBar(Horizontal):
         parts.append((self.model_name, "bold"))
         if self.tools:
             parts += [("  ", ""), (f"⚙ {self.tools}", "$text-accent")]
+        if self.reply_format:
+            parts += [("  ", ""), (f"{{}} {self.reply_format}", "$text-accent")]
         if detail:
             parts += [("  ", ""), (detail, "$text-muted")]
         self.query_one("#status-left", Static).update(Content.assemble(*parts))
 
     def refresh_state(self) -> None:
-        """Show the left side again (after `tools` changed)."""
+        """Show the left side again (after `tools` or `reply_format` changed)."""
         self.set_state(*self._state)
 
     def _ctx(self) -> str:
