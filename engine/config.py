@@ -65,7 +65,7 @@ class ModelConfig:
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
         arch = meta.get("general.architecture")
         if arch not in FAMILIES:
-            known = ", ".join(sorted(a for a, f in FAMILIES.items() if not f.moe))  # the MoE ones are refused at load
+            known = ", ".join(sorted(FAMILIES))
             raise UnsupportedModelError(f"architecture {arch!r} is not supported (supported: {known})")
         spec = FAMILIES[arch]
 

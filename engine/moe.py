@@ -12,9 +12,9 @@ The experts live in three 3-D tensors of the file (n_expert stacked matrices eac
 file pages released), so memory holds the experts the text used, not all of them. A pass of several tokens
 groups them by expert: each chosen expert's weights are read once per pass, by one product over its tokens.
 
-`RouterFfn` is a layer's FFN in the form the layer executors take a variant (`apply` names the backend's op,
-`router_ffn` here for the CPU). Until the executors take it, loading a mixture-of-experts file is refused
-(engine/weights.py).
+`RouterFfn` is a variant of a layer's FFN (engine/layer.py): its `apply` names the backend's op, `router_ffn`
+here for the CPU's prompt pass (PromptOps), which single tokens take too (the fused one-token kernel declines
+such layers). The device path has none yet: load_model keeps a mixture-of-experts model on the CPU.
 """
 
 from __future__ import annotations
