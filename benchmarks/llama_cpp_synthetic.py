@@ -1,6 +1,8 @@
 """llama.cpp's logits on the tiny synthetic model of each family, for tests/engine/test_synthetic_llama_cpp.py.
 
     python benchmarks/llama_cpp_synthetic.py --llama-python /path/to/llama-venv/bin/python
+    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe \
+        --out tests/golden/synthetic-moe-llama-cpp.npz
 
 Writes every family's tiny GGUF (tests/engine/synthetic.py, seed 0, F32 and Q8_0 matrices) to a scratch
 directory, has llama-cpp-python (in its own virtual environment, never a dependency of ours) evaluate one
@@ -27,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from tests.engine.synthetic import write_tiny_model  # noqa: E402
 
 FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3")
+# The mixture-of-experts families, in a golden file of their own (--families qwen3moe --out MOE_OUT).
 TYPES = (T.F32, T.Q8_0)
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33, 77, 150, 9, 211, 45, 120]  # 20 > window 5
 # Qwen3 with YaRN rope scaling: factor 4 over an original context of 16, attention factor 0.9, read over 40
@@ -34,6 +37,7 @@ IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33, 77, 150, 9, 211,
 YARN = (4.0, 16, 0.9)
 YARN_IDS = [int(i) for i in np.random.default_rng(7).integers(0, 250, 40)]
 OUT = REPO / "tests" / "golden" / "synthetic-llama-cpp.npz"
+MOE_OUT = REPO / "tests" / "golden" / "synthetic-moe-llama-cpp.npz"
 
 # Runs inside the llama-cpp-python environment: logits of every position of IDS, 2 threads, F16 KV cache.
 _CHILD = r"""
@@ -58,10 +62,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-python", required=True, help="python of a venv with llama-cpp-python installed")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--families", nargs="+", default=FAMILIES, help=f"default: {' '.join(FAMILIES)}")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         files, shas = {}, {}
-        for family in FAMILIES:
+        for family in args.families:
             for ggml_type in TYPES:
                 name = f"{family}-{ggml_type.name}"
                 tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", family, matrix_type=ggml_type)

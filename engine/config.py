@@ -59,6 +59,9 @@ class ModelConfig:
     embed_scale: float  # token embeddings are multiplied by this (1.0: none)
     sliding_window: int  # keys a local layer's query sees, itself included; 0: no local layers
     local: tuple[bool, ...]  # per layer: attends over the sliding window only
+    n_expert: int = 0  # experts per MoE layer (expert_count); 0: a dense FFN
+    n_expert_used: int = 0  # experts each token runs (expert_used_count, the router's top-k)
+    d_ff_exp: int = 0  # hidden width of one expert's FFN (expert_feed_forward_length)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
@@ -102,10 +105,11 @@ class ModelConfig:
                 )
             yarn = Yarn(factor=factor, ctx_orig=ctx_orig, attn_factor=attn_factor)
         experts = meta.get(f"{arch}.expert_count", 0)
-        if isinstance(experts, int) and experts > 0:
+        if not spec.moe and isinstance(experts, int) and experts > 0:
             raise UnsupportedModelError(
                 f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
             )
+        moe = (key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")) if spec.moe else ()
         value_dim = key("attention.value_length", int, head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
@@ -154,6 +158,7 @@ class ModelConfig:
             embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else 1.0,
             sliding_window=window,
             local=local,
+            **dict(zip(("n_expert", "n_expert_used", "d_ff_exp"), moe, strict=False)),
         )
         cfg._check()
         return cfg
@@ -164,6 +169,14 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0 < value < MAX_SIZE:
                 raise ModelFileError(f"metadata {self.arch}: {name} = {value} is not a sane size")
+        if self.spec.moe:
+            for name in ("n_expert", "n_expert_used", "d_ff_exp"):
+                if not 0 < getattr(self, name) < MAX_SIZE:
+                    raise ModelFileError(f"metadata {self.arch}: {name} = {getattr(self, name)} is not a sane size")
+            if self.n_expert_used > self.n_expert:
+                raise ModelFileError(
+                    f"metadata {self.arch}: expert_used_count {self.n_expert_used} exceeds expert_count {self.n_expert}"
+                )
         if self.n_head % self.n_kv_head:
             raise ModelFileError(
                 f"metadata {self.arch}: head_count {self.n_head} is not a multiple of head_count_kv {self.n_kv_head}"
@@ -227,10 +240,17 @@ class ModelConfig:
                 out[p + "post_attention_norm.weight"] = ((d,), True)
                 out[p + "post_ffw_norm.weight"] = ((d,), True)
             out[p + "attn_output.weight"] = ((q_dim, d), True)
-            if self.spec.ffn != "gelu":
-                out[p + "ffn_gate.weight"] = ((d, ff), True)
-            out[p + "ffn_up.weight"] = ((d, ff), True)
-            out[p + "ffn_down.weight"] = ((ff, d), True)
+            if self.spec.moe:  # ggml order: the expert index is the last (slowest) dimension
+                fe, ne = self.d_ff_exp, self.n_expert
+                out[p + "ffn_gate_inp.weight"] = ((d, ne), True)
+                out[p + "ffn_gate_exps.weight"] = ((d, fe, ne), True)
+                out[p + "ffn_up_exps.weight"] = ((d, fe, ne), True)
+                out[p + "ffn_down_exps.weight"] = ((fe, d, ne), True)
+            else:
+                if self.spec.ffn != "gelu":
+                    out[p + "ffn_gate.weight"] = ((d, ff), True)
+                out[p + "ffn_up.weight"] = ((d, ff), True)
+                out[p + "ffn_down.weight"] = ((ff, d), True)
             if self.spec.biases:
                 out[p + "attn_output.bias"] = ((d,), True)
                 out[p + "ffn_up.bias"] = ((ff,), True)

@@ -32,12 +32,18 @@ class Family:
     # Attention scale 1/√key_length, except at this block count (the 27B models), where llama.cpp takes
     # 1/√(d/n_head): the checkpoints' query_pre_attn_scalar, which GGUF does not carry. 0: always key_length.
     wide_scale_layers: int = 0
+    # Mixture of experts: the FFN is a router (ffn_gate_inp) over expert_count experts stored as 3-D tensors
+    # (ffn_gate_exps, ffn_up_exps, ffn_down_exps), each an FFN of kind `ffn`; each token runs the
+    # expert_used_count experts of highest softmax probability (llama.cpp's build_moe_ffn, softmax gating).
+    moe: bool = False
+    moe_norm_weights: bool = False  # the chosen experts' probabilities are renormalised to sum to 1 (norm_w)
 
 
 FAMILIES: dict[str, Family] = {
     "llama": Family(),  # Llama 2/3 (rope_freqs.weight for Llama 3's frequency factors), SmolLM2, TinyLlama
     "qwen2": Family(rope_neox=True, qkv_bias=True),
     "qwen3": Family(rope_neox=True, qk_norm=True),
+    "qwen3moe": Family(rope_neox=True, qk_norm=True, moe=True, moe_norm_weights=True),  # Qwen3-30B-A3B, Coder
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
     ),

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import rope
 from .kernels import WeightMatrix
+from .moe import RouterFfn
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -98,7 +99,7 @@ class DenseFfn:
         return [m.w for m in (self.gate, self.up, self.down) if m is not None]
 
 
-Ffn = DenseFfn  # each variant's `apply` calls its own op of LayerOps (a router FFN: `router_ffn`)
+Ffn = DenseFfn | RouterFfn  # each variant's `apply` calls its own op of LayerOps
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,6 +156,10 @@ class LayerOps(Protocol):
 
     def dense_ffn(self, h: Array, ffn: DenseFfn) -> Array:
         """h (t, d) -> (t, d)."""
+        ...
+
+    def router_ffn(self, h: Array, ffn: RouterFfn) -> Array:
+        """h (t, d) -> (t, d): each token through its chosen experts (engine/moe.py)."""
         ...
 
     def residual(self, x: Array, y: Array) -> Array:
@@ -241,7 +246,7 @@ def layer_specs(
             out=Linear(lw.wo, lw.bo),
         )
         gate = Linear(lw.w_gate, None) if lw.w_gate is not None else None
-        ffn = DenseFfn(family.ffn, gate, Linear(lw.w_up, lw.b_up), Linear(lw.w_down, lw.b_down))
+        ffn: Ffn = lw.moe or DenseFfn(family.ffn, gate, Linear(lw.w_up, lw.b_up), Linear(lw.w_down, lw.b_down))
         specs.append(
             LayerSpec(
                 index=li,

@@ -13,6 +13,7 @@ from .errors import ModelFileError, UnsupportedModelError
 from .gguf_file import GGUFFile, TensorEntry
 from .kernels import SUPPORTED_TYPES, WeightMatrix, dequantize
 from .kernels.pages import FileRows, file_copy
+from .moe import RouterFfn
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,11 @@ class LayerWeights:
     ffn_norm: np.ndarray
     ffn_norm_b: np.ndarray | None
     w_gate: WeightMatrix | None  # (d_ff, d) gated FFNs only
-    w_up: WeightMatrix  # (d_ff, d)
+    w_up: WeightMatrix | None  # (d_ff, d); None in a mixture-of-experts layer
     b_up: np.ndarray | None
-    w_down: WeightMatrix  # (d, d_ff)
+    w_down: WeightMatrix | None  # (d, d_ff); None in a mixture-of-experts layer
     b_down: np.ndarray | None
+    moe: RouterFfn | None = None  # the router and experts of a mixture-of-experts layer
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,10 @@ class Weights:
 
     def products(self) -> list[WeightMatrix]:
         """The matrices a token multiplies by: every layer's and the output head (of the embedding, a token
-        reads a single row)."""
+        reads a single row). Of a mixture-of-experts layer, the router: its experts are prepared when chosen."""
         mats: list[WeightMatrix | None] = [self.output]
         for lw in self.layers:
-            mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+            mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down, lw.moe.router if lw.moe else None]
         return [m for m in mats if m is not None]
 
     def decode_bytes(self) -> int:
@@ -77,7 +79,7 @@ def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     """Every tensor the architecture needs is present, with the right shape and a type we can run."""
     for name in file.tensors:
         for part, feature in _UNSUPPORTED_TENSORS.items():
-            if part in name:
+            if part in name and not (cfg.spec.moe and feature.startswith("mixture")):
                 raise UnsupportedModelError(f"tensor {name}: {feature} are not supported")
     for name, (shape, required) in cfg.expected_tensors().items():
         t = file.tensors.get(name)
@@ -161,11 +163,12 @@ def bind_weights(file: GGUFFile, cfg: ModelConfig) -> Weights:
                 bo=_vector(ts.get(p + "attn_output.bias")),
                 ffn_norm=_vector(ts[p + "ffn_norm.weight"]),
                 ffn_norm_b=_vector(ts.get(p + "ffn_norm.bias")),
-                w_gate=_matrix(ts[p + "ffn_gate.weight"]) if cfg.spec.ffn != "gelu" else None,
-                w_up=_matrix(ts[p + "ffn_up.weight"]),
+                w_gate=_matrix(ts[p + "ffn_gate.weight"]) if cfg.spec.ffn != "gelu" and not cfg.spec.moe else None,
+                w_up=None if cfg.spec.moe else _matrix(ts[p + "ffn_up.weight"]),
                 b_up=_vector(ts.get(p + "ffn_up.bias")),
-                w_down=_matrix(ts[p + "ffn_down.weight"]),
+                w_down=None if cfg.spec.moe else _matrix(ts[p + "ffn_down.weight"]),
                 b_down=_vector(ts.get(p + "ffn_down.bias")),
+                moe=RouterFfn.bind(file, cfg, i) if cfg.spec.moe else None,
             )
         )
     token_embd = _matrix(ts["token_embd.weight"])

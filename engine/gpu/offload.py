@@ -208,6 +208,10 @@ class DeviceOps:
             act = ops.geglu(xp, self._linear(ffn.gate, h), self._linear(ffn.up, h))
         return self._linear(ffn.down, act)  # (t, d)
 
+    def router_ffn(self, h: Array, ffn: Any) -> Array:
+        # load_model keeps a mixture-of-experts model on the CPU: no such layer reaches a device
+        raise NotImplementedError(f"{ffn.router.name}: mixture-of-experts layers do not run on a device yet")
+
     def residual(self, x: Array, y: Array) -> Array:
         x += y
         return x

@@ -27,6 +27,7 @@ from .scratch import Scratch
 
 if TYPE_CHECKING:
     from ..layer import Attention, DenseFfn, LayerSpec, Linear, Norm
+    from ..moe import RouterFfn
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -118,6 +119,11 @@ class PromptOps:
         else:
             h = (gelu_rows if self.rowwise else gelu)(self._product("up", ffn.up, h))
         return self._product("down", ffn.down, h)  # (t, d)
+
+    def router_ffn(self, h: np.ndarray, ffn: RouterFfn) -> np.ndarray:
+        from ..moe import router_ffn  # engine.moe builds on this package
+
+        return router_ffn(h, ffn)  # (t, d); each row as a single token's, rowwise or not
 
     def residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         x += y

@@ -58,6 +58,9 @@ class TinyModel:
     attn_softcap: float = 0.0  # gemma2
     final_softcap: float = 0.0
     yarn: tuple[float, int, float] | None = None  # YaRN's (factor, original_context_length, attn_factor)
+    n_expert: int = 0  # qwen3moe: experts per layer, each token running n_expert_used of them
+    n_expert_used: int = 0
+    d_ff_exp: int = 0
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
     @property
@@ -76,6 +79,8 @@ class TinyModel:
 # and soft-caps small enough to bite on these weights.
 _SHAPES = {
     "qwen3": {"head_dim": 32},
+    # Qwen3-30B-A3B's router in miniature: 8 experts, 2 used, each a narrow SwiGLU FFN.
+    "qwen3moe": {"head_dim": 32, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64},
     "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
     "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
 }
@@ -114,6 +119,10 @@ def write_tiny_model(
         writer.add_value_length(hd)
     if m.window:
         writer.add_sliding_window(m.window)
+    if m.n_expert:
+        writer.add_expert_count(m.n_expert)
+        writer.add_expert_used_count(m.n_expert_used)
+        writer.add_expert_feed_forward_length(m.d_ff_exp)
     if m.attn_softcap:
         writer.add_attn_logit_softcapping(m.attn_softcap)
         writer.add_final_logit_softcapping(m.final_softcap)
@@ -137,16 +146,17 @@ def write_tiny_model(
     writer.add_eos_token_id(n_vocab - 2)
     writer.add_bos_token_id(n_vocab - 2)
 
-    def matrix(name: str, rows: int, cols: int) -> None:
-        a = (rng.standard_normal((rows, cols)) * 0.2).astype(np.float32)
-        if matrix_type == T.F32:
+    def matrix(name: str, rows: int, cols: int, experts: int = 0, kind: T = matrix_type) -> None:
+        shape = (experts, rows, cols) if experts else (rows, cols)  # experts: one 3-D tensor of them
+        a = (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        if kind == T.F32:
             m.w[name] = a.astype(np.float64)
             data = a
             writer_args = {}
         else:
-            data = gguf.quants.quantize(a, matrix_type)
-            m.w[name] = gguf.quants.dequantize(data, matrix_type).reshape(rows, cols).astype(np.float64)
-            writer_args = {"raw_dtype": matrix_type}
+            data = gguf.quants.quantize(a, kind)
+            m.w[name] = gguf.quants.dequantize(data, kind).reshape(shape).astype(np.float64)
+            writer_args = {"raw_dtype": kind}
         if name not in drop:
             writer.add_tensor(name, data, **writer_args)
 
@@ -185,8 +195,14 @@ def write_tiny_model(
             matrix(p + "attn_q.weight", m.n_head * hd, m.d)
             matrix(p + "attn_k.weight", m.n_kv * hd, m.d)
             matrix(p + "attn_v.weight", m.n_kv * hd, m.d)
-            matrix(p + "ffn_gate.weight", m.d_ff, m.d)
-            if arch in ("qwen3", "gemma3"):
+            if m.n_expert:  # the router stays F32, as llama.cpp's quantizer leaves ffn_gate_inp
+                matrix(p + "ffn_gate_inp.weight", m.n_expert, m.d, kind=T.F32)
+                matrix(p + "ffn_gate_exps.weight", m.d_ff_exp, m.d, m.n_expert)
+                matrix(p + "ffn_up_exps.weight", m.d_ff_exp, m.d, m.n_expert)
+                matrix(p + "ffn_down_exps.weight", m.d, m.d_ff_exp, m.n_expert)
+            else:
+                matrix(p + "ffn_gate.weight", m.d_ff, m.d)
+            if arch in ("qwen3", "qwen3moe", "gemma3"):
                 vector(p + "attn_q_norm.weight", hd, 1.0)
                 vector(p + "attn_k_norm.weight", hd, 1.0)
             if arch in GEMMA:
@@ -197,8 +213,9 @@ def write_tiny_model(
                 vector(p + "attn_k.bias", m.n_kv * hd, 0.0)
                 vector(p + "attn_v.bias", m.n_kv * hd, 0.0)
         matrix(p + "attn_output.weight", m.d, m.n_head * hd)
-        matrix(p + "ffn_up.weight", m.d_ff, m.d)
-        matrix(p + "ffn_down.weight", m.d, m.d_ff)
+        if not m.n_expert:
+            matrix(p + "ffn_up.weight", m.d_ff, m.d)
+            matrix(p + "ffn_down.weight", m.d, m.d_ff)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -245,7 +262,7 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
         x = x + w["position_embd.weight"][:t]
     if m.arch in GEMMA:
         x = x * np.sqrt(m.d)
-    neox = m.arch in ("qwen2", "qwen3", *GEMMA)
+    neox = m.arch in ("qwen2", "qwen3", "qwen3moe", *GEMMA)
 
     def gelu(u: np.ndarray) -> np.ndarray:
         return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
@@ -285,7 +302,7 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
         q = q.reshape(t, m.n_head, hd)
         k = k.reshape(t, m.n_kv, hd)
         v = v.reshape(t, m.n_kv, hd)
-        if m.arch in ("qwen3", "gemma3"):
+        if m.arch in ("qwen3", "qwen3moe", "gemma3"):
             q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
         local = m.is_local(i)
         if m.arch != "gpt2":
@@ -313,6 +330,8 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
             u = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
             u = gelu(u)
             f = u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
+        elif m.n_expert:
+            f = moe_ffn(m, h, p)
         else:
             g = h @ w[p + "ffn_gate.weight"].T
             act = gelu(g) if m.arch in GEMMA else g / (1 + np.exp(-g))
@@ -342,3 +361,21 @@ def rewrite_model(src: Path, dst: Path, change_tensor) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def moe_ffn(m: TinyModel, h: np.ndarray, p: str) -> np.ndarray:
+    """Qwen3-MoE's sparse block (transformers' Qwen3MoeSparseMoeBlock, norm_topk_prob): h (t, d) float64 ->
+    (t, d), token by token: softmax over the router's logits, the top n_expert_used experts, their
+    probabilities renormalised to sum to 1, and the weighted sum of those experts' SwiGLU FFNs."""
+    w = m.w
+    out = np.zeros_like(h)
+    for i, x in enumerate(h):
+        logits = w[p + "ffn_gate_inp.weight"] @ x  # (n_expert,)
+        prob = np.exp(logits - logits.max())
+        prob /= prob.sum()
+        top = np.argsort(-prob)[: m.n_expert_used]
+        for e, weight in zip(top, prob[top] / prob[top].sum(), strict=True):
+            g = w[p + "ffn_gate_exps.weight"][e] @ x  # (d_ff_exp,)
+            u = w[p + "ffn_up_exps.weight"][e] @ x
+            out[i] += weight * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+    return out

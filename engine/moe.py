@@ -1,0 +1,152 @@
+"""The mixture-of-experts FFN on the CPU: a router picks, for each token, a few experts out of many, and the
+token's FFN output is their weighted sum (llama.cpp's `build_moe_ffn` with softmax gating, as qwen3moe uses it).
+
+    logits = router @ h                 (t, n_expert)
+    p      = softmax(logits)            per token
+    ids    = top-k of p                 (t, k), k = expert_used_count
+    w      = p[ids] / sum(p[ids])       (t, k), renormalised where the family says so (qwen3moe: norm_w)
+    out[i] = sum_j w[i, j] · down_e(silu(gate_e(h[i])) · up_e(h[i])),  e = ids[i, j]
+
+The experts live in three 3-D tensors of the file (n_expert stacked matrices each), left mapped. An expert is a
+`WeightMatrix` view of its rows, made the first time a token chooses it; only then is it repacked (and its
+file pages released), so memory holds the experts the text used, not all of them. A pass of several tokens
+groups them by expert: each chosen expert's weights are read once per pass, by one product over its tokens.
+
+`RouterFfn` is a variant of a layer's FFN (engine/layer.py): its `apply` names the backend's op, `router_ffn`
+here for the CPU's prompt pass (PromptOps), which single tokens take too (the fused one-token kernel declines
+such layers). The device path has none yet: load_model keeps a mixture-of-experts model on the CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from .config import ModelConfig
+from .gguf_file import GGUFFile, TensorEntry
+from .kernels import WeightMatrix, matmul, matvec_many, swiglu
+
+_view_lock = threading.Lock()
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertTensor:
+    """n_expert matrices (rows, cols) stacked in one tensor, in the file's encoding: `data` is the whole tensor
+    as WeightMatrix keeps one matrix (rows of n_expert·rows), expert e its rows [e·rows, (e+1)·rows)."""
+
+    name: str
+    ggml_type: T
+    n_expert: int
+    rows: int  # output features of one expert
+    cols: int  # input features
+    data: np.ndarray  # (n_expert·rows, row_bytes) uint8, or (n_expert·rows, cols) for float types; a file view
+    _views: dict[int, WeightMatrix] = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def of(cls, t: TensorEntry) -> ExpertTensor:
+        """A 3-D tensor entry, ggml shape (cols, rows, n_expert)."""
+        cols, rows, n_expert = t.shape
+        whole = WeightMatrix.from_raw(t.name, t.ggml_type, n_expert * rows, cols, t.data)
+        return cls(t.name, t.ggml_type, n_expert, rows, cols, whole.data)
+
+    def expert(self, e: int) -> WeightMatrix:
+        """Expert e as a matrix (rows, cols): a view of its rows, no copy; the same object on every call, so that
+        its packed copy is built once."""
+        w = self._views.get(e)
+        if w is None:
+            if not 0 <= e < self.n_expert:
+                raise IndexError(f"{self.name}: expert {e} of {self.n_expert}")
+            with _view_lock:
+                w = self._views.get(e)
+                if w is None:
+                    rows = self.data[e * self.rows : (e + 1) * self.rows]
+                    w = self._views[e] = WeightMatrix(f"{self.name}[{e}]", self.ggml_type, self.rows, self.cols, rows)
+        return w
+
+    def touched(self) -> list[int]:
+        """The experts some product has read so far."""
+        return sorted(self._views)
+
+
+@dataclass(frozen=True, eq=False)
+class RouterFfn:
+    """A mixture-of-experts FFN layer: the router and the experts' SwiGLU matrices."""
+
+    router: WeightMatrix  # (n_expert, d): ffn_gate_inp, F32 in llama.cpp's quantized files
+    gate: ExpertTensor  # n_expert × (d_ff_exp, d)
+    up: ExpertTensor  # n_expert × (d_ff_exp, d)
+    down: ExpertTensor  # n_expert × (d, d_ff_exp)
+    n_used: int  # experts per token (top-k)
+    norm_weights: bool  # renormalise the chosen probabilities to sum to 1
+
+    @classmethod
+    def bind(cls, file: GGUFFile, cfg: ModelConfig, layer: int) -> RouterFfn:
+        """Layer `layer`'s router FFN, as views of the mapped file (tensors checked by weights.check_tensors)."""
+        ts, p = file.tensors, f"blk.{layer}."
+        r = ts[p + "ffn_gate_inp.weight"]
+        router = WeightMatrix.from_raw(r.name, r.ggml_type, r.shape[1], r.shape[0], r.data)
+        gate, up, down = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
+        return cls(router, gate, up, down, n_used=cfg.n_expert_used, norm_weights=cfg.spec.moe_norm_weights)
+
+    def apply(self, ops: Any, h: np.ndarray) -> Any:
+        """As a layer's FFN variant: the backend's router op (its CPU form is `router_ffn`)."""
+        return ops.router_ffn(h, self)
+
+    def matrices(self) -> list[WeightMatrix]:
+        """The matrices every token reads: the router. Experts are prepared when first chosen (`ExpertTensor`)."""
+        return [self.router]
+
+    def touched(self) -> list[int]:
+        """Experts whose weights have been read."""
+        return sorted(set(self.gate.touched()) | set(self.up.touched()) | set(self.down.touched()))
+
+
+def route(logits: np.ndarray, k: int, norm_weights: bool) -> tuple[np.ndarray, np.ndarray]:
+    """logits (t, n_expert) -> the chosen experts (t, k) int64, most probable first, and their weights (t, k)
+    float32: softmax probabilities, renormalised over the k where norm_weights (llama.cpp's norm_w)."""
+    logits = logits.astype(np.float32, copy=False)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))  # (t, n_expert)
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]  # (t, k)
+    w = np.take_along_axis(p, ids, axis=1)  # (t, k)
+    if norm_weights:
+        w = w / w.sum(axis=1, keepdims=True)
+    return ids, w.astype(np.float32, copy=False)
+
+
+def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> np.ndarray:
+    """h (t, d) float32 -> (t, d) float32, into out where given: each token through its chosen experts.
+
+    Tokens are grouped by expert, so a pass reads each chosen expert's three matrices once (one product over all
+    the tokens that chose it), and no expert that no token chose. Products are the kernels' own (`matmul`,
+    int8 activations for packed types, `float_products()` respected), row by row for the float types
+    (`rowwise`), so a token's result, and so its choice of experts, does not depend on the other tokens of the
+    pass: a prompt evaluated whole or token by token routes alike.
+    """
+    t = h.shape[0]
+    h = np.ascontiguousarray(h, dtype=np.float32)
+    ids, weights = route(matmul(ffn.router, h, rowwise=True), ffn.n_used, ffn.norm_weights)  # (t, k) each
+    if out is None:
+        out = np.zeros((t, ffn.down.rows), dtype=np.float32)
+    else:
+        out[...] = 0.0
+    flat = ids.ravel()  # (t·k,): slot s is token s // k's choice s % k
+    order = np.argsort(flat, kind="stable")  # slots grouped by expert
+    experts, starts = np.unique(flat[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    for e, s0, s1 in zip(experts.tolist(), starts.tolist(), ends.tolist(), strict=True):
+        slots = order[s0:s1]
+        tokens = slots // ffn.n_used  # (n_e,): distinct, as a token chooses an expert once
+        xe = h[tokens]  # (n_e, d)
+        if len(tokens) == 1:  # decode: gate and up in one parallel launch, as the dense FFN's
+            g, u = (a[None] for a in matvec_many([ffn.gate.expert(e), ffn.up.expert(e)], xe[0]))
+        else:
+            g = matmul(ffn.gate.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
+            u = matmul(ffn.up.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
+        y = matmul(ffn.down.expert(e), swiglu(g, u, out=g), rowwise=True)  # (n_e, d)
+        out[tokens] += weights.ravel()[slots, None] * y
+    return out
