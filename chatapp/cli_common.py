@@ -83,9 +83,9 @@ def run_tools(args: argparse.Namespace) -> list[dict[str, Any]] | None:
     return tools
 
 
-def print_calls(stats: Any) -> None:
-    """A reply's tool calls on stdout, one JSON object a line."""
-    for call in getattr(stats, "tool_calls", ()) or ():
+def print_calls(stats: TurnStats | None) -> None:
+    """A reply's tool calls on stdout, one JSON object a line (none without stats: the reply failed)."""
+    for call in stats.tool_calls if stats is not None else ():
         print(json.dumps({"id": call.id, "name": call.name, "arguments": call.arguments}, ensure_ascii=False))
 
 

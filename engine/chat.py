@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .constraint import ConstraintState, GrammarSpec, compile_grammar
+from .constraint import ConstraintState, Grammar, GrammarSpec, compile_grammar
 from .errors import GrammarError, SettingsError
 from .events import (
     STOP_CANCELLED,
@@ -273,7 +273,7 @@ class ChatSession:
         valid = settings.validated()[0]
         seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
         turn = _Turn(prompt, Sampler(seed), settings, valid, shaper, shaper.start() if shaper is not None else None)
-        decoder = self.model.stream_decoder()
+        detokenizer = self.model.stream_detokenizer()
         reply = ""
         forward_ms = pre.prefill_ms
         ttft_ms = 0.0
@@ -290,7 +290,7 @@ class ChatSession:
                 stop = STOP_EOS
                 break
             turn.generated.append(res.token_id)
-            piece = decoder.push(res.token_id)
+            piece = detokenizer.push(res.token_id)
             reply += piece
             cut = self._stop_string_at(reply, len(piece))
             if cut is not None:
@@ -318,6 +318,7 @@ class ChatSession:
                 stop = STOP_LENGTH
                 break
             if drafted:  # the verification pass already gave the logits after this token
+                assert turn.after is not None  # set by _step with the accepted guess
                 logits = turn.after
                 continue
             position = len(turn.prompt) + len(turn.generated) - 1  # where the newest token goes in the cache
@@ -340,7 +341,7 @@ class ChatSession:
             turn,
             pre,
             stop,
-            reply + (decoder.flush() if stop != STOP_STRING else ""),
+            reply + (detokenizer.flush() if stop != STOP_STRING else ""),
             shifts,
             ttft_ms,
             (time.perf_counter() - t_decode) * 1000,
@@ -587,13 +588,13 @@ def prompt_ids(tok: Tokenizer, prompt: RenderedPrompt) -> list[int]:
 class _LogitShaper:
     """What changes the logits before sampling, for one reply: a logit bias and a grammar's mask."""
 
-    def __init__(self, bias: tuple[np.ndarray, np.ndarray] | None, grammar: object | None) -> None:
+    def __init__(self, bias: tuple[np.ndarray, np.ndarray] | None, grammar: Grammar | None) -> None:
         self._bias = bias  # (ids, values); -inf bans
         self._grammar = grammar
 
     @classmethod
     def build(
-        cls, tokenizer: object, constraint: GrammarSpec | None, logit_bias: Mapping[int, float] | None
+        cls, tokenizer: Tokenizer, constraint: GrammarSpec | None, logit_bias: Mapping[int, float] | None
     ) -> _LogitShaper | None:
         bias = None
         if logit_bias:

@@ -38,7 +38,7 @@ from .kernels.pages import populate, small_page_zeros
 from .weights import Weights
 
 if TYPE_CHECKING:
-    from .tokenizer import StreamDecoder, Tokenizer
+    from .tokenizer import StreamDetokenizer, Tokenizer
 
 
 RESERVE_STEP = 256  # positions of the KV cache faulted in at a time (KVCache.reserve)
@@ -158,6 +158,11 @@ class Model:
         tokenizer: Tokenizer,
         n_ctx: int,
         threads: int,
+        *,
+        warnings: list[str] | None = None,
+        offload: Offload | None = None,
+        device: str = "cpu",
+        requantized: str = "",
     ):
         self.file = file
         self.cfg = cfg
@@ -165,11 +170,12 @@ class Model:
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
         self.threads = threads
-        self.warnings: list[str] = []
-        self.load_s = 0.0
-        self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
-        self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
-        self.requantized = ""  # what load_model re-encoded the weights to (a draft model's), for display
+        self.warnings: list[str] = warnings if warnings is not None else []
+        """Notes for the user from loading (clamped context, tokenizer, device fallback); appended to later."""
+        self.load_s = 0.0  # what load_model took, compiling included: set by it once the kernels have run
+        self.offload = offload  # the first layers on a device (--device cuda / --gpu-layers), or None
+        self.device = device  # where the layers run, for display ("cpu", or the device and its share of layers)
+        self.requantized = requantized  # what the weights were re-encoded to (a draft model's), for display
         n_pos = max(n_ctx, 1)
         rope_dim = cfg.rope_dim if cfg.spec.positions == "rope" else 0  # learned positions: nothing rotates
         if rope_dim:
@@ -209,8 +215,8 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.detokenize(ids)
 
-    def stream_decoder(self) -> StreamDecoder:
-        return self.tokenizer.stream_decoder()
+    def stream_detokenizer(self) -> StreamDetokenizer:
+        return self.tokenizer.stream_detokenizer()
 
     # -- compute ---------------------------------------------------------------------------------------
 
