@@ -37,8 +37,8 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from engine.formats.dispatch import tag  # noqa: E402
 from engine.kernels import (  # noqa: E402
+    BLOCK_CODES,
     PARALLEL_MIN_BYTES,
-    QUANTIZED,
     WeightMatrix,
     matmul,
     matvec,
@@ -151,7 +151,7 @@ def bench_shapes(args: argparse.Namespace) -> None:
     for qtype, shapes in SHAPES.items():
         if args.formats and qtype.name not in args.formats:
             continue
-        code = QUANTIZED[qtype]
+        code = BLOCK_CODES[qtype]
         for rows, cols in shapes:
             raw = random_weight(qtype, rows, cols, rng)
             copies = max(1, -(-2 * L3_BYTES // raw.nbytes)) if args.cold else 1
@@ -248,7 +248,7 @@ def bench_model(args: argparse.Namespace) -> None:
         e = f.tensors[n]
         w = WeightMatrix.from_raw(n, e.ggml_type, e.shape[1], e.shape[0], e.data)
         if not args.no_old:  # before prepare() releases the file pages
-            olds.append(args.old.pack(QUANTIZED[w.ggml_type], w.rows, w.cols, w.data))
+            olds.append(args.old.pack(BLOCK_CODES[w.ggml_type], w.rows, w.cols, w.data))
         ws.append(w.prepare())
     pack_wall, pack_cpu = time.perf_counter() - t, time.process_time() - c
     total = sum(w.data.nbytes for w in ws)
@@ -267,7 +267,7 @@ def bench_model(args: argparse.Namespace) -> None:
 
         def old():
             for i in idx:
-                args.old.matvec(*olds[i], QUANTIZED[ws[i].ggml_type], xs[ws[i].cols], outs[i])
+                args.old.matvec(*olds[i], BLOCK_CODES[ws[i].ggml_type], xs[ws[i].cols], outs[i])
 
         def read():
             for i in idx:

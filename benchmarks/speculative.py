@@ -229,15 +229,17 @@ def resume_figures(model, n_tokens: int) -> dict:
     body = (REWRITE_CODE + "\n") * max(1, n_tokens // len(model.tokenize(REWRITE_CODE)))
     messages = [Message("user", "Explain this code.\n\n" + body)]
     with tempfile.TemporaryDirectory() as folder:
-        chat = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=1))
-        chat.kv_store = KVStore(Path(folder), 1 << 34)
+        chat = ChatSession(
+            model, SamplingSettings(temperature=0.0, max_tokens=1), kv_store=KVStore(Path(folder), 1 << 34)
+        )
         before = load()
         _, stats = turn(chat, messages)
         t0 = time.perf_counter()
         path = chat.save_cache()
         save_s = time.perf_counter() - t0
-        resumed = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=1))
-        resumed.kv_store = KVStore(Path(folder), 1 << 34)
+        resumed = ChatSession(
+            model, SamplingSettings(temperature=0.0, max_tokens=1), kv_store=KVStore(Path(folder), 1 << 34)
+        )
         prompt = resumed.prompt_tokens(messages)
         sha, tpl = resumed._model_key(), resumed._template_key()  # the sha256 is remembered from the save
         t1 = time.perf_counter()

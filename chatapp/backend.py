@@ -4,19 +4,23 @@ The TUI talks only to a `ChatBackend`. The local one is `engine.chat.ChatSession
 is a model on an OpenAI-compatible server; tests use a scripted fake. `stream_reply` is called from the single
 inference worker thread; `settings` and `cancel()` may be used from the UI thread at any moment.
 
-A remote backend also has `remote` (a `chatapp.remote.RemoteInfo`: host, server, which settings it honours),
-which the status line and the sampling panel show. Its `n_ctx` is 0 when the server does not say, its token
-events have `token_id` -1 (servers send text, not ids) and `prob` -1 when the server sent no logprobs, and a
-new `settings` applies from the next reply: a request in flight keeps the settings it was sent with.
+A remote backend's `remote` is a `chatapp.remote.RemoteInfo` (host, server, which settings it honours), which
+the status line and the sampling panel show; a local one's is None. A remote backend's `n_ctx` is 0 when the
+server does not say, its token events have `token_id` -1 (servers send text, not ids) and `prob` -1 when the
+server sent no logprobs, and a new `settings` applies from the next reply: a request in flight keeps the
+settings it was sent with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.events import Message, TokenEvent, ToolSpec, TurnStats
 from engine.sampling import SamplingSettings
+
+if TYPE_CHECKING:
+    from .remote import RemoteInfo
 
 
 class ChatBackend(Protocol):
@@ -32,6 +36,11 @@ class ChatBackend(Protocol):
 
     settings: SamplingSettings
     """Replaced (never mutated) by the UI; read by the worker before every sampled token."""
+
+    @property
+    def remote(self) -> RemoteInfo | None:
+        """The server a remote model runs on; None for a model in this process."""
+        ...
 
     def stream_reply(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None

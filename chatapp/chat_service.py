@@ -138,7 +138,7 @@ class ChatService:
             self._shown_warnings.clear()  # the new model's warnings are news
         self.backend = backend
         self.load_error = None
-        self.model_name = getattr(backend, "model_name", "") or self.model_name
+        self.model_name = backend.model_name or self.model_name
         if not self.state.turns or switched is not None:  # begun before the name was known, or carried over
             self.state.model = self.model_name
         return switched
@@ -192,7 +192,7 @@ class ChatService:
             return None
         note = None
         active = self.active
-        if active is not None and getattr(self.backend, "remote", None) is not None and not active.told_next_reply:
+        if active is not None and self.backend.remote is not None and not active.told_next_reply:
             # The request in flight carries its settings; a stream cannot be changed, so say when it applies.
             active.told_next_reply = True
             note = "The server already has this reply's settings: the change applies from the next reply."

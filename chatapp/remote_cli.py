@@ -2,6 +2,7 @@
 
 With a base URL (flag, OPENAI_BASE_URL or `[remote] base_url`), `-m` names the server's model; without `-m`
 (or `[remote] model`) the first model the server lists is used. Errors are `RemoteError` lines, exit 2.
+`REMOTE` is its `BackendCli`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,25 @@ import random
 import statistics
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from engine.events import TokenEvent, TurnStats
 
-from .remote import RemoteBackend, connect
-from .settings import AppSettings
+from .cli_common import (
+    EXIT_INTERRUPTED,
+    CliError,
+    Constrained,
+    ctrl_c_cancels,
+    print_calls,
+    reply_constraint,
+    run_chat_reply,
+    run_tools,
+    say,
+)
+
+if TYPE_CHECKING:  # the client (openai, httpx) loads when a command connects, not with the parser
+    from .remote import RemoteBackend
+    from .settings import AppSettings
 
 
 def add_remote_args(p: argparse.ArgumentParser) -> None:
@@ -42,6 +56,8 @@ def remote_model(args: argparse.Namespace, settings: AppSettings) -> str:
 
 
 def open_remote(args: argparse.Namespace, settings: AppSettings, say: Callable[[str], None]) -> RemoteBackend:
+    from .remote import connect
+
     remote = settings.remote
     return connect(
         remote.base_url.strip(),
@@ -54,38 +70,23 @@ def open_remote(args: argparse.Namespace, settings: AppSettings, say: Callable[[
     )
 
 
-def _say(msg: str) -> None:
-    print(f"chatapp: {msg}", file=sys.stderr, flush=True)
-
-
 def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     """`chatapp run` on the server: the reply on stdout, the timing summary on stderr."""
-    from .cli import (
-        EXIT_INTERRUPTED,
-        CliError,
-        _Constrained,
-        _ctrl_c_cancels,
-        print_calls,
-        reply_constraint,
-        run_chat_reply,
-        run_tools,
-    )
-
     if not args.prompt:
         raise CliError("the prompt is empty")
     for note in settings.sampling.validated()[1]:
-        _say(f"warning: {note}")
+        say(f"warning: {note}")
     constraint = reply_constraint(args)
     tools = run_tools(args)
-    backend = open_remote(args, settings, _say)
+    backend = open_remote(args, settings, say)
     stats = None
     if args.chat:
-        chat = backend if constraint is None and tools is None else _Constrained(backend, constraint, tools)
+        chat = backend if constraint is None and tools is None else Constrained(backend, constraint, tools)
         stats, interrupted = run_chat_reply(chat, settings, args.prompt, yes=getattr(args, "yes", False))
         print_calls(stats)
     else:
         print(args.prompt, end="", flush=True)
-        with _ctrl_c_cancels(backend.cancel) as pressed:
+        with ctrl_c_cancels(backend.cancel) as pressed:
             for event in backend.stream_completion(args.prompt, constraint=constraint):
                 if isinstance(event, TurnStats):
                     stats = event
@@ -94,7 +95,7 @@ def run_remote(args: argparse.Namespace, settings: AppSettings) -> int:
         print(flush=True)
         interrupted = bool(pressed)
     for warning in backend.warnings():
-        _say(f"warning: {warning}")
+        say(f"warning: {warning}")
     print_remote_summary(backend, stats, sys.stderr)
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -130,7 +131,7 @@ def bench_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     random prompt (so no prompt cache helps), greedy, `ignore_eos` where the server knows it."""
     import dataclasses
 
-    backend = open_remote(args, settings, _say)
+    backend = open_remote(args, settings, say)
     backend.logprobs = False
     backend.settings = dataclasses.replace(settings.sampling, temperature=0.0, seed=0, max_tokens=args.n_gen)
     extra = {"ignore_eos": True, "cache_prompt": False}  # llama-server's and vLLM's; others ignore them
@@ -181,3 +182,30 @@ def remote_label(args: argparse.Namespace, settings: AppSettings) -> str:
 
     model = remote_model(args, settings) or "the first model"
     return f"{model} @ {host_of(settings.remote.base_url.strip())}"
+
+
+class RemoteCli:
+    """A model on an OpenAI-compatible server as the command line sees it (a `BackendCli`)."""
+
+    picks_models = False  # the server's models: another -m
+
+    def add_args(self, p: argparse.ArgumentParser) -> None:
+        add_remote_args(p)
+
+    def overrides(self, args: argparse.Namespace) -> dict[str, Any]:
+        return remote_overrides(args)
+
+    def open(self, args: argparse.Namespace, settings: AppSettings, progress: Callable[[str], None]) -> RemoteBackend:
+        return open_remote(args, settings, progress)
+
+    def label(self, args: argparse.Namespace, settings: AppSettings) -> str:
+        return remote_label(args, settings)
+
+    def run(self, args: argparse.Namespace, settings: AppSettings) -> int:
+        return run_remote(args, settings)
+
+    def bench(self, args: argparse.Namespace, settings: AppSettings) -> int:
+        return bench_remote(args, settings)
+
+
+REMOTE = RemoteCli()

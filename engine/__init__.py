@@ -7,14 +7,14 @@
     session.eval(ids)           # (n_vocab,) logits of the last id
 
 The heavy parts (Numba, the kernels, the model) load on first use, so `engine.events` and `engine.sampling`
-stay cheap to import for the app.
+stay cheap to import for the app. Importing sets nothing: load_model makes the process-wide choices (threads,
+the OpenMP wait policy, Numba's kernel cache and threading layer: engine.runtime.start).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import runtime  # noqa: F401  (sets Numba's threading layer and cache dir before Numba is imported)
 from .errors import EngineError, ModelFileError, SettingsError, UnsupportedModelError
 
 if TYPE_CHECKING:

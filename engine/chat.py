@@ -11,12 +11,12 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from .constraint import ConstraintState, GrammarSpec, compile_grammar
+from .constraint import ConstraintState, Grammar, GrammarSpec, compile_grammar
 from .errors import GrammarError, SettingsError
 from .events import (
     STOP_CANCELLED,
@@ -32,7 +32,7 @@ from .events import (
 )
 from .kv_store import KVStore, template_sha256
 from .model import Model
-from .sampling import Sampler, SamplingSettings
+from .sampling import Sampler, SampleResult, SamplingSettings
 from .sequences import common_prefix
 from .speculative import Drafter
 from .template import ChatTemplate
@@ -46,8 +46,40 @@ from .untrusted_text import RenderedPrompt
 RESTORE_MIN = 32  # a saved cache is read only when it spares at least this many tokens of prefill
 
 
+@dataclass(frozen=True)
+class _Prefill:
+    """What bringing the cache to a prompt did."""
+
+    reused: int  # prompt tokens the cache already held (restored ones included)
+    restored: int  # tokens read from a saved cache
+    prefill_ms: float
+    draft_prefill_ms: float  # the drafter's own prefill; 0 without one or when it had nothing to do
+
+
+@dataclass
+class _Turn:
+    """One reply's running state, shared by `_step` and `_verify`."""
+
+    prompt: list[int]  # changes when a context shift drops old turns
+    sampler: Sampler
+    settings: SamplingSettings  # the settings in force, re-read each token
+    valid: SamplingSettings  # `settings`, validated
+    shaper: _LogitShaper | None
+    state: ConstraintState | None  # the grammar's position, when there is a grammar
+    generated: list[int] = field(default_factory=list)
+    # Drafted tokens already in the cache, each with the target's logits after it, oldest first: the next
+    # token is checked against queue[0][0], and on acceptance the logits become queue[0][1] (`after`).
+    queue: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    after: np.ndarray | None = None
+    drafted: int = 0  # guesses made
+    accepted: int = 0  # guesses accepted
+    passes: int = 0  # target passes after the prefill
+
+
 class ChatSession:
     """One model, one KV cache, many turns. Not thread-safe except `settings` and `cancel()`."""
+
+    remote = None  # the app's ChatBackend: a model in this process is on no server
 
     def __init__(
         self,
@@ -56,16 +88,20 @@ class ChatSession:
         stop: Sequence[str] = (),
         n_ctx: int | None = None,
         drafter: Drafter | None = None,
+        *,
+        display_name: str | None = None,
+        kv_store: KVStore | None = None,
+        autosave: bool = False,
     ):
         self.model = model
-        self.display_name: str | None = None  # see model_name
+        self.display_name = display_name  # see model_name
         self.session = model.session(n_ctx)
         self.drafter = drafter
         """Speculative decoding's guesser (engine.speculative), or None for one target pass per token."""
-        self.kv_store: KVStore | None = None
+        self.kv_store = kv_store
         """Saved caches (engine.kv_store): `stream_reply` restores the best match into an empty-ish cache, and
         `save_cache` writes the current one. None: nothing is read or written."""
-        self.autosave = False
+        self.autosave = autosave
         """With a kv_store: write the cache after every finished turn (what a saved chat resumes from)."""
         self._model_sha: str | None = None
         self._last_draft = 0  # guesses in the latest verification pass
@@ -225,83 +261,36 @@ class ChatSession:
         notes: list[str],
         shaper: _LogitShaper | None = None,
     ) -> Iterator[TokenEvent | TurnStats]:
-        """Prefill what the cache lacks of `prompt`, then sample until a stop (`messages`: for shifts)."""
+        """Prefill what the cache lacks of `prompt`, then step until a stop (`messages`: for shifts).
+
+        The turn in three parts, as gpt-fast's prefill / decode_one_token / speculative_decode: `_prefill` runs
+        the prompt, `_step` samples one token from the latest logits (checking a drafted guess when one waits),
+        and `_verify` runs the target over the new token and the drafter's next guesses in one pass.
+        """
         self._cancel.clear()
+        logits, pre = self._prefill(prompt)
         settings = self.settings
         valid = settings.validated()[0]
-        restored = 0
-        # A saved cache beats evaluating what it holds; not worth a look when the session holds nearly all of it.
-        if self.kv_store is not None and common_prefix(self.session.tokens, prompt) < len(prompt) - RESTORE_MIN:
-            restored = self.kv_store.restore(
-                self.session, self._model_key(), self._template_key(), prompt[:-1], RESTORE_MIN
-            )
-        reused = common_prefix(self.session.tokens, prompt)
-        reused = min(reused, len(prompt) - 1)  # the last prompt token is always run: its logits start the reply
-        self.session.truncate(reused)
-        t0 = time.perf_counter()
-        logits = self.session.eval(prompt[reused:])
-        prefill_ms = (time.perf_counter() - t0) * 1000
-        drafter = self.drafter
-        draft_prefill_ms = 0.0
-        if drafter is not None:
-            t0 = time.perf_counter()
-            if drafter.prepare(prompt):
-                draft_prefill_ms = (time.perf_counter() - t0) * 1000
-
         seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
-        sampler = Sampler(seed)
-        decoder = self.model.stream_decoder()
-        generated: list[int] = []
-        # Drafted tokens already in the cache, each with the target's logits after it, oldest first: the next
-        # token is checked against queue[0][0] with `logits`, and on acceptance `logits` becomes queue[0][1].
-        queue: list[tuple[int, np.ndarray]] = []
-        counts = {"drafted": 0, "accepted": 0, "passes": 0}
+        turn = _Turn(prompt, Sampler(seed), settings, valid, shaper, shaper.start() if shaper is not None else None)
+        detokenizer = self.model.stream_detokenizer()
         reply = ""
-        forward_ms = prefill_ms
+        forward_ms = pre.prefill_ms
         ttft_ms = 0.0
         t_decode = time.perf_counter()
         stop = STOP_LENGTH
-        state = shaper.start() if shaper is not None else None
         while True:
             if self._cancel.is_set():
                 stop = STOP_CANCELLED
                 break
-            current = self.settings  # re-read every token: the caller may have replaced it
-            if current is not settings:
-                if current.seed != settings.seed and current.seed >= 0:
-                    sampler.reseed(current.seed)
-                settings, valid = current, current.validated()[0]
             t1 = time.perf_counter()
-            last_n = valid.repeat_last_n
-            recent = () if last_n == 0 else (prompt + generated)[-last_n:] if last_n > 0 else prompt + generated
-            drafted = False
-            if shaper is not None:
-                shaper.shape(logits, state)
-            if queue:
-                guess, after = queue[0]
-                res, drafted = sampler.sample_draft(logits, settings, recent, guess)
-                if drafted:
-                    queue.pop(0)
-                    counts["accepted"] += 1
-                    if not queue and drafter is not None:
-                        drafter.feedback(self._last_draft, self._last_draft, self._last_pass_ms)
-                else:  # the cache must hold only accepted tokens: drop the rejected guess and those after it
-                    if drafter is not None:
-                        drafter.feedback(self._last_draft, self._last_draft - len(queue), self._last_pass_ms)
-                    self.session.truncate(len(prompt) + len(generated))
-                    queue.clear()
-            else:
-                res = sampler.sample(logits, settings, recent)
-            if state is not None and res.token_id not in self.stop_ids:
-                while not state.accept(res.token_id):  # only a lazy grammar's trigger token can be refused here
-                    logits[res.token_id] = -np.inf
-                    res = sampler.sample(logits, settings, recent)
+            res, drafted = self._step(turn, logits)
             sample_ms = (time.perf_counter() - t1) * 1000
             if res.token_id in self.stop_ids:
                 stop = STOP_EOS
                 break
-            generated.append(res.token_id)
-            piece = decoder.push(res.token_id)
+            turn.generated.append(res.token_id)
+            piece = detokenizer.push(res.token_id)
             reply += piece
             cut = self._stop_string_at(reply, len(piece))
             if cut is not None:
@@ -316,62 +305,149 @@ class ChatSession:
                 sample_ms=sample_ms,
                 prob=res.prob,
                 top=tuple(Alternative(i, self.model.detokenize([i]), p) for i, p in res.top),
-                index=len(generated) - 1,
+                index=len(turn.generated) - 1,
                 drafted=drafted,
             )
             if cut is not None:
                 stop = STOP_STRING
                 break
-            if state is not None and state.is_finished():  # the grammar allows nothing more: the reply is whole
+            if turn.state is not None and turn.state.is_finished():  # the grammar allows nothing more
                 stop = STOP_EOS
                 break
-            if 0 < valid.max_tokens <= len(generated):
+            if 0 < turn.valid.max_tokens <= len(turn.generated):
                 stop = STOP_LENGTH
                 break
             if drafted:  # the verification pass already gave the logits after this token
-                logits = after
+                assert turn.after is not None  # set by _step with the accepted guess
+                logits = turn.after
                 continue
-            position = len(prompt) + len(generated) - 1  # where the newest token goes in the cache
+            position = len(turn.prompt) + len(turn.generated) - 1  # where the newest token goes in the cache
             if position >= self.n_ctx:
-                shifted = self._shift(messages, prompt, generated, reserve) if messages else None
+                shifted = self._shift(messages, turn.prompt, turn.generated, reserve) if messages else None
                 if shifted is None:
                     stop = STOP_CONTEXT
                     break
-                prompt, logits = shifted
+                turn.prompt, logits = shifted
                 shifts += 1
                 forward_ms = 0.0
                 continue
             t2 = time.perf_counter()
-            guesses = self._draft(drafter, prompt + generated, valid, len(generated), position)
-            if guesses and state is not None:  # a guess the grammar refuses could never be accepted: cut there
-                guesses = guesses[: state.valid_prefix(guesses)]
-            if guesses:
-                rows = self.session.eval_all([res.token_id, *guesses])  # (1 + len(guesses), n_vocab)
-                logits = rows[0]
-                queue = [(g, rows[i + 1]) for i, g in enumerate(guesses)]
-                counts["drafted"] += len(guesses)
-            else:
-                logits = self.session.eval([res.token_id])
-            counts["passes"] += 1
+            logits = self._verify(turn, res.token_id, position)
             forward_ms = (time.perf_counter() - t2) * 1000
             self._last_pass_ms = forward_ms  # drafting included: what the guesses cost against a plain pass
-            if drafter is not None and not guesses:
-                drafter.feedback(0, 0, forward_ms)
+            if self.drafter is not None and not turn.queue:
+                self.drafter.feedback(0, 0, forward_ms)
+        yield from self._finish(
+            turn,
+            pre,
+            stop,
+            reply + (detokenizer.flush() if stop != STOP_STRING else ""),
+            shifts,
+            ttft_ms,
+            (time.perf_counter() - t_decode) * 1000,
+            notes,
+        )
+
+    def _prefill(self, prompt: list[int]) -> tuple[np.ndarray, _Prefill]:
+        """Bring the cache to `prompt` (a saved cache, then what the session already holds, then evaluation) and
+        let the drafter read it too. Returns the logits after the prompt's last token (n_vocab,)."""
+        restored = 0
+        # A saved cache beats evaluating what it holds; not worth a look when the session holds nearly all of it.
+        if self.kv_store is not None and common_prefix(self.session.tokens, prompt) < len(prompt) - RESTORE_MIN:
+            restored = self.kv_store.restore(
+                self.session, self._model_key(), self._template_key(), prompt[:-1], RESTORE_MIN
+            )
+        reused = common_prefix(self.session.tokens, prompt)
+        reused = min(reused, len(prompt) - 1)  # the last prompt token is always run: its logits start the reply
+        self.session.truncate(reused)
+        t0 = time.perf_counter()
+        logits = self.session.eval(prompt[reused:])
+        prefill_ms = (time.perf_counter() - t0) * 1000
+        draft_prefill_ms = 0.0
+        if self.drafter is not None:
+            t0 = time.perf_counter()
+            if self.drafter.prepare(prompt):
+                draft_prefill_ms = (time.perf_counter() - t0) * 1000
+        return logits, _Prefill(reused, restored, prefill_ms, draft_prefill_ms)
+
+    def _step(self, turn: _Turn, logits: np.ndarray) -> tuple[SampleResult, bool]:
+        """Sample the next token from `logits` (n_vocab,): checked against the oldest drafted guess when one is
+        queued, held to the grammar. Returns it and whether it was an accepted guess (then `turn.after` holds the
+        logits after it)."""
+        current = self.settings  # re-read every token: the caller may have replaced it
+        if current is not turn.settings:
+            if current.seed != turn.settings.seed and current.seed >= 0:
+                turn.sampler.reseed(current.seed)
+            turn.settings, turn.valid = current, current.validated()[0]
+        settings, sampler = turn.settings, turn.sampler
+        last_n = turn.valid.repeat_last_n
+        seen = turn.prompt + turn.generated
+        recent = () if last_n == 0 else seen[-last_n:] if last_n > 0 else seen
+        drafted = False
+        if turn.shaper is not None:
+            turn.shaper.shape(logits, turn.state)
+        drafter = self.drafter
+        if turn.queue:
+            guess, turn.after = turn.queue[0]
+            res, drafted = sampler.sample_draft(logits, settings, recent, guess)
+            if drafted:
+                turn.queue.pop(0)
+                turn.accepted += 1
+                if not turn.queue and drafter is not None:
+                    drafter.feedback(self._last_draft, self._last_draft, self._last_pass_ms)
+            else:  # the cache must hold only accepted tokens: drop the rejected guess and those after it
+                if drafter is not None:
+                    drafter.feedback(self._last_draft, self._last_draft - len(turn.queue), self._last_pass_ms)
+                self.session.truncate(len(turn.prompt) + len(turn.generated))
+                turn.queue.clear()
+        else:
+            res = sampler.sample(logits, settings, recent)
+        if turn.state is not None and res.token_id not in self.stop_ids:
+            while not turn.state.accept(res.token_id):  # only a lazy grammar's trigger token can be refused here
+                logits[res.token_id] = -np.inf
+                res = sampler.sample(logits, settings, recent)
+        return res, drafted
+
+    def _verify(self, turn: _Turn, token: int, position: int) -> np.ndarray:
+        """One target pass over `token` (at `position`) and the drafter's guesses after it, which wait in
+        `turn.queue` with the logits after each for `_step` to check. Returns the logits after `token`."""
+        guesses = self._draft(self.drafter, turn.prompt + turn.generated, turn.valid, len(turn.generated), position)
+        if guesses and turn.state is not None:  # a guess the grammar refuses could never be accepted: cut there
+            guesses = guesses[: turn.state.valid_prefix(guesses)]
+        turn.passes += 1
+        if not guesses:
+            return self.session.eval([token])
+        rows = self.session.eval_all([token, *guesses])  # (1 + len(guesses), n_vocab)
+        turn.queue = [(g, rows[i + 1]) for i, g in enumerate(guesses)]
+        turn.drafted += len(guesses)
+        return rows[0]
+
+    def _finish(
+        self,
+        turn: _Turn,
+        pre: _Prefill,
+        stop: str,
+        reply: str,
+        shifts: int,
+        ttft_ms: float,
+        decode_ms: float,
+        notes: list[str],
+    ) -> Iterator[TurnStats]:
+        """Leave the cache holding only shown tokens, report the turn, then autosave."""
         # Whatever the stop, the cache holds a prefix of the visible tokens and no unchecked guess.
-        self.session.truncate(min(self.session.n_past, len(prompt) + len(generated)))
+        self.session.truncate(min(self.session.n_past, len(turn.prompt) + len(turn.generated)))
+        drafter = self.drafter
         if drafter is not None:
             drafter.follow(self.session.tokens)
-        if stop != STOP_STRING:
-            reply += decoder.flush()
-        decode_ms = (time.perf_counter() - t_decode) * 1000
+        n_prompt = len(turn.prompt)
         stats = self._stats(
-            len(prompt),
-            reused,
-            len(prompt) - reused,
-            prefill_ms,
+            n_prompt,
+            pre.reused,
+            n_prompt - pre.reused,
+            pre.prefill_ms,
             ttft_ms,
             decode_ms,
-            len(generated),
+            len(turn.generated),
             stop,
             reply,
             shifts,
@@ -380,11 +456,11 @@ class ChatSession:
         yield replace(
             stats,
             drafter=drafter.name if drafter is not None else "",
-            draft_prefill_ms=draft_prefill_ms,
-            draft_tokens=counts["drafted"],
-            draft_accepted=counts["accepted"],
-            target_passes=counts["passes"],
-            restored_tokens=min(restored, reused),
+            draft_prefill_ms=pre.draft_prefill_ms,
+            draft_tokens=turn.drafted,
+            draft_accepted=turn.accepted,
+            target_passes=turn.passes,
+            restored_tokens=min(pre.restored, pre.reused),
         )
         if self.autosave and self.kv_store is not None:  # after the stats: the reply is not held up by the write
             try:
@@ -512,13 +588,13 @@ def prompt_ids(tok: Tokenizer, prompt: RenderedPrompt) -> list[int]:
 class _LogitShaper:
     """What changes the logits before sampling, for one reply: a logit bias and a grammar's mask."""
 
-    def __init__(self, bias: tuple[np.ndarray, np.ndarray] | None, grammar: object | None) -> None:
+    def __init__(self, bias: tuple[np.ndarray, np.ndarray] | None, grammar: Grammar | None) -> None:
         self._bias = bias  # (ids, values); -inf bans
         self._grammar = grammar
 
     @classmethod
     def build(
-        cls, tokenizer: object, constraint: GrammarSpec | None, logit_bias: Mapping[int, float] | None
+        cls, tokenizer: Tokenizer, constraint: GrammarSpec | None, logit_bias: Mapping[int, float] | None
     ) -> _LogitShaper | None:
         bias = None
         if logit_bias:

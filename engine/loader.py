@@ -10,10 +10,11 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gguf import GGMLQuantizationType
 
-from . import prompt_compile
+from . import prompt_compile, runtime
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
 from .footprint import (
@@ -25,16 +26,11 @@ from .footprint import (
 from .gguf_file import GGUFFile, open_gguf
 from .gpu import normalize_device, offload_for, pick_backend, split_layers
 from .model import Model
-from .runtime import (
-    KERNEL_CACHE_DIR,
-    compile_progress,
-    compile_target,
-    configure_threads,
-    kernel_isa,
-    kernels_compiled,
-    prune_kernel_folders,
-)
-from .weights import bind_weights
+from .runtime import compile_progress, kernels_compiled, prune_kernel_folders
+from .weights import Weights, bind_weights
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
 
 # Upper bound on the KV cache we agree to allocate, as a share of physical memory.
 _MAX_CACHE_SHARE = 0.5
@@ -77,10 +73,12 @@ def load_model(
         raise SettingsError(f"gpu layers must be -1 (all) or a number of layers >= 0 (got {gpu_layers!r})")
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
-    install_numba_savings(KERNEL_CACHE_DIR)
+    runtime.configure_numba()
+    install_numba_savings(runtime.kernel_cache_dir())
     release_library_pages()  # LLVM's pages that importing it touched
     release_library_pages_after_kernel_loads()  # and those each kernel load touches again
-    n_threads = configure_threads(threads)
+    started = runtime.start(threads)  # threads, wait policy, kernel set: before the first parallel launch
+    n_threads = started.threads
     say("reading model header")
     file = open_gguf(path)
     embd = file.tensors.get("token_embd.weight")
@@ -106,19 +104,35 @@ def load_model(
     prune_kernel_folders()  # this folder marked as used; kernel folders unused for a month go
     helper = prompt_compile.start(path) if first_start else None  # meanwhile: the tokenizer, the one-token path
     try:
-        model = _bind(file, cfg, n_ctx, n_threads, warnings, say)
+        tokenizer = _tokenizer(file, cfg, warnings, say)
+        say("checking tensors")
+        weights = bind_weights(file, cfg)
+        requantized = ""
         if requantize is not None and backend is None:
-            _requantize(model, requantize, say)
+            weights, requantized = _requantize(weights, requantize, n_threads, say)
         elif requantize is not None and backend is not None:
             warnings.append(f"weights kept as stored on {backend.label}: re-encoding to {requantize.name} is CPU only")
         if why_not:
             warnings.append(why_not)
+        offload, device = None, "cpu"
         if backend is not None:
             say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
-            offload_for(model, backend, gpu_layers)
-            model.device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
+            offload = offload_for(cfg, weights, n_ctx, backend, gpu_layers)
+            device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
+        model = Model(
+            file,
+            cfg,
+            weights,
+            tokenizer,
+            n_ctx=n_ctx,
+            threads=n_threads,
+            warnings=warnings,
+            offload=offload,
+            device=device,
+            requantized=requantized,
+        )
         if compile_kernels:
-            _compile(model, helper, first_start, say)
+            _compile(model, helper, first_start, started.isa, say)
     finally:
         prompt_compile.stop(helper)
     release_free_heap()  # what loading parsed and dropped
@@ -126,10 +140,8 @@ def load_model(
     return model
 
 
-def _bind(
-    file: GGUFFile, cfg: ModelConfig, n_ctx: int, n_threads: int, warnings: list[str], say: Callable[[str], None]
-) -> Model:
-    """The tokenizer and the weights bound into a Model (on the CPU)."""
+def _tokenizer(file: GGUFFile, cfg: ModelConfig, warnings: list[str], say: Callable[[str], None]) -> Tokenizer:
+    """The file's tokenizer (its warnings added to `warnings`); the file's vocabulary strings are then dropped."""
     say("building tokenizer")
     from .tokenizer import Tokenizer  # noqa: PLC0415 (keeps `import engine` light)
 
@@ -141,30 +153,30 @@ def _bind(
     warnings.extend(tokenizer.warnings)
     file.drop_vocabulary()
     release_free_heap()  # the vocabulary's strings, before the packed weights add to the peak
-    say("checking tensors")
-    weights = bind_weights(file, cfg)
-    model = Model(file, cfg, weights, tokenizer, n_ctx=n_ctx, threads=n_threads)
-    model.warnings = warnings
-    model.device = "cpu"
-    return model
+    return tokenizer
 
 
-def _requantize(model: Model, to: GGMLQuantizationType, say: Callable[[str], None]) -> None:
+def _requantize(
+    weights: Weights, to: GGMLQuantizationType, threads: int, say: Callable[[str], None]
+) -> tuple[Weights, str]:
+    """`weights` re-encoded to `to` where that has fewer bits, and what that saved, for display."""
     from .requantize import requantize_weights  # noqa: PLC0415 (only drafts need it)
 
     say(f"re-encoding weights as {to.name}")
-    before = model.weights.decode_bytes()
-    model.weights = requantize_weights(model.weights, to, model.threads)
-    model.requantized = f"{to.name}, {before / 1e6:.0f} -> {model.weights.decode_bytes() / 1e6:.0f} MB a token"
+    before = weights.decode_bytes()
+    weights = requantize_weights(weights, to, threads)
+    return weights, f"{to.name}, {before / 1e6:.0f} -> {weights.decode_bytes() / 1e6:.0f} MB a token"
 
 
-def _compile(model: Model, helper: subprocess.Popen | None, first_start: bool, say: Callable[[str], None]) -> None:
+def _compile(
+    model: Model, helper: subprocess.Popen | None, first_start: bool, isa: str, say: Callable[[str], None]
+) -> None:
     """Run the one-token and the prompt path once: kernels load from the cache, or compile on a first start."""
     if not first_start:
         say("loading kernels")
     else:
         beside = " (the prompt path in a second process)" if helper is not None else ""
-        say(f"compiling kernels for {kernel_isa(compile_target(os.environ)[1])}{beside}: first start only")
+        say(f"compiling kernels for {isa}{beside}: first start only")
     with compile_progress(lambda n, s: say(f"compiling kernels: {n} compiled in {s:.0f} s")) as compiled:
         t1 = time.perf_counter()
         if model.offload is None:

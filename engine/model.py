@@ -29,7 +29,7 @@ from .layer import rope_tables as rope_tables
 from .weights import Weights
 
 if TYPE_CHECKING:
-    from .tokenizer import StreamDecoder, Tokenizer
+    from .tokenizer import StreamDetokenizer, Tokenizer
 
 
 RESERVE_STEP = 256  # positions of the KV cache faulted in at a time (KVCache.reserve)
@@ -123,6 +123,11 @@ class Model:
         tokenizer: Tokenizer,
         n_ctx: int,
         threads: int,
+        *,
+        warnings: list[str] | None = None,
+        offload: Offload | None = None,
+        device: str = "cpu",
+        requantized: str = "",
     ):
         self.file = file
         self.cfg = cfg
@@ -130,11 +135,12 @@ class Model:
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
         self.threads = threads
-        self.warnings: list[str] = []
-        self.load_s = 0.0
-        self.offload: Offload | None = None  # set by load_model for --device cuda / --gpu-layers
-        self.device = "cpu"  # where the layers run, for display (load_model says more when offloading)
-        self.requantized = ""  # what load_model re-encoded the weights to (a draft model's), for display
+        self.warnings: list[str] = warnings if warnings is not None else []
+        """Notes for the user from loading (clamped context, tokenizer, device fallback); appended to later."""
+        self.load_s = 0.0  # what load_model took, compiling included: set by it once the kernels have run
+        self.offload = offload  # the first layers on a device (--device cuda / --gpu-layers), or None
+        self.device = device  # where the layers run, for display ("cpu", or the device and its share of layers)
+        self.requantized = requantized  # what the weights were re-encoded to (a draft model's), for display
         self._rope = rope_per_layer(cfg, max(n_ctx, 1), weights.rope_freqs)  # per layer (cos, sin) (n_pos, rope_dim/2)
         # Every layer's LayerSpec, built on first use from the config and the tables (again if either is replaced).
         self._specs: tuple[ModelConfig, list, list[LayerSpec]] | None = None
@@ -166,8 +172,8 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.detokenize(ids)
 
-    def stream_decoder(self) -> StreamDecoder:
-        return self.tokenizer.stream_decoder()
+    def stream_detokenizer(self) -> StreamDetokenizer:
+        return self.tokenizer.stream_detokenizer()
 
     # -- compute ---------------------------------------------------------------------------------------
 

@@ -1,5 +1,9 @@
-"""Process-wide Numba settings: which threading layer runs `prange`, how many threads, the kernel cache folder,
-and the instruction set the block kernels are emitted for.
+"""Process-wide choices: which threading layer runs `prange`, how many threads, the OpenMP wait policy, the
+kernel cache folder, and the instruction set the block kernels are emitted for.
+
+None is made at import: `start` (called by load_model) makes them all and returns them as a `Runtime`, and
+`configure_numba` (called before the first kernel module loads) gives Numba its cache folder and threading
+layer through `numba.config` rather than the environment. Importing `engine` sets no variable and probes nothing.
 
 Numba's default `workqueue` layer costs 135-245 µs per parallel launch here against 6-45 µs for OpenMP,
 and a token makes hundreds of launches, so OpenMP is preferred whenever it loads.
@@ -11,11 +15,15 @@ import hashlib
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
+
+from .errors import SettingsError
 
 # The block kernels' instruction sets (engine/kernels/simd.py), best first.
 AVX512_VNNI = "avx512vnni"  # 512-bit vpdpbusd (and 512-bit pmaddubsw for the formats without a quad kernel)
@@ -61,6 +69,12 @@ def compile_target(environ: Mapping[str, str]) -> tuple[str, frozenset[str]]:
     return name, frozenset(f[1:] for f in flat.split(",") if f.startswith("+"))
 
 
+@cache
+def kernel_cache_dir() -> Path:
+    """This process's kernel folder (`_kernel_cache_dir` for its environment at first use)."""
+    return _kernel_cache_dir()
+
+
 def _kernel_cache_dir() -> Path:
     """Numba's on-disk cache, in a folder named after a hash of every kernel source file (engine/kernels and the
     format modules, engine/formats) and of the CPU the kernels are compiled for, led by its instruction set's
@@ -92,15 +106,35 @@ def _kernel_cache_dir() -> Path:
     return Path(base) / "numba" / f"{kernel_isa(features)}-{h.hexdigest()[:16]}"
 
 
-# Both must be in the environment before numba is first imported anywhere in the process.
-os.environ.setdefault("NUMBA_THREADING_LAYER_PRIORITY", "omp tbb workqueue")
-KERNEL_CACHE_DIR = _kernel_cache_dir()
-os.environ["NUMBA_CACHE_DIR"] = str(KERNEL_CACHE_DIR)
+THREADING_LAYERS = ["omp", "tbb", "workqueue"]  # best first; NUMBA_THREADING_LAYER_PRIORITY overrides it
+_numba_configured = False
 
-from .errors import SettingsError  # noqa: E402
 
-if "numba" in sys.modules:  # imported before us: its config has been read already
-    sys.modules["numba"].config.CACHE_DIR = str(KERNEL_CACHE_DIR)
+def configure_numba() -> None:
+    """Give Numba the kernel cache folder and the threading layers to try, once per process, through
+    `numba.config` (the environment is left alone).
+
+    Both must be set before they are read: the folder when a kernel is decorated (@njit(cache=True) binds its
+    cache then, so engine.kernels and engine.formats call this before their kernel modules load), the layers
+    at the first parallel launch. Numba re-reads its NUMBA_* variables only when one of them changes, so
+    values set here stay. A user's NUMBA_CACHE_DIR is replaced, as the folder must be keyed on the sources;
+    a user's NUMBA_THREADING_LAYER_PRIORITY wins.
+    """
+    global _numba_configured
+    if _numba_configured:
+        return
+    _numba_configured = True
+    from numba.core import config
+
+    config.CACHE_DIR = str(kernel_cache_dir())  # type: ignore[attr-defined]  # set from the environment at import
+    if "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
+        config.THREADING_LAYER_PRIORITY = list(THREADING_LAYERS)  # type: ignore[attr-defined]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KERNEL_CACHE_DIR":  # kept as a name: computed at first use, not at import
+        return kernel_cache_dir()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # A kernel folder no start has used for this long is removed: its sources have since changed (an upgrade, an
@@ -113,7 +147,7 @@ def prune_kernel_folders(folder: Path | None = None, max_age_s: float = KERNEL_F
     """Mark `folder` (this process's kernel folder) as used now, and remove the kernel folders beside it that no
     start has marked for `max_age_s`. Returns those removed. Best effort: a folder that cannot be read or
     removed stays."""
-    folder = folder or KERNEL_CACHE_DIR
+    folder = folder or kernel_cache_dir()
     with suppress(OSError):
         if folder.is_dir():
             os.utime(folder)
@@ -131,7 +165,8 @@ def prune_kernel_folders(folder: Path | None = None, max_age_s: float = KERNEL_F
 
 def kernels_compiled() -> bool:
     """Whether the kernel cache already holds compiled code (a start without compiling)."""
-    return KERNEL_CACHE_DIR.is_dir() and any(KERNEL_CACHE_DIR.rglob("*.nbc"))
+    folder = kernel_cache_dir()
+    return folder.is_dir() and any(folder.rglob("*.nbc"))
 
 
 @contextmanager
@@ -164,11 +199,53 @@ def compile_progress(report: Callable[[int, float], None], every_s: float = 5.0)
         yield lambda: counter.count
 
 
+# Whether OpenMP threads spin between parallel launches, read by libgomp when it loads (at the first launch).
+# A token makes ~90 launches a few microseconds apart: on an idle machine, threads that spin a little catch the
+# next launch at once (SmolLM2 decode, 2 threads: 95-115 tok/s with GOMP_SPINCOUNT=50000, 73-80 with passive
+# waiting); on a busy one, spinning threads take the core from the thread with work (with one other process
+# busy: 34 tok/s spinning, 62 passive). So: spin briefly when the other cores are idle at start, else wait
+# passively. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+_SPIN_COUNT = "50000"
+
+
+def _cpu_sample() -> tuple[int, int, float, float]:
+    """(all CPU jiffies, idle + iowait jiffies, this process's CPU seconds, wall seconds), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields), idle, time.process_time(), time.perf_counter()
+
+
+def _busy_cores(interval: float = 0.05) -> float | None:
+    """Cores' worth of CPU time other processes used over `interval` seconds (Linux /proc/stat), or None."""
+    try:
+        total0, idle0, own0, wall0 = _cpu_sample()
+        time.sleep(interval)
+        total1, idle1, own1, wall1 = _cpu_sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    busy = (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / (total1 - total0))
+    return busy - (own1 - own0) / (wall1 - wall0)  # this process's own threads (a UI, say) do not count
+
+
+def wait_policy(environ: Mapping[str, str], busy_cores: Callable[[], float | None]) -> dict[str, str]:
+    """The OpenMP variables to set: none when the user set either, else a brief spin when the other cores are
+    idle (`busy_cores()` below half a core), else passive waiting (busy, or unknown)."""
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    busy = busy_cores()
+    if busy is not None and busy < 0.5:
+        return {"GOMP_SPINCOUNT": _SPIN_COUNT}
+    return {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 _wait_policy_chosen = False
 
 
 def set_wait_policy() -> dict[str, str]:
-    """Choose the OpenMP wait policy (engine.kernels.wait_policy: it samples the other cores' load for 50 ms) and
+    """Choose the OpenMP wait policy (`wait_policy`: it samples the other cores' load for 50 ms) and
     put it in the environment, once per process. Returns what it set.
 
     libgomp reads the variables once, when it loads at the first parallel launch: `configure_threads` calls this
@@ -178,8 +255,6 @@ def set_wait_policy() -> dict[str, str]:
     if _wait_policy_chosen:
         return {}
     _wait_policy_chosen = True
-    from .kernels import _busy_cores, wait_policy
-
     chosen = wait_policy(os.environ, _busy_cores)
     os.environ.update(chosen)
     return chosen
@@ -193,6 +268,7 @@ def configure_threads(threads: int | None) -> int:
     threads that run next (measured here with the other core busy: a (768, 64) @ (64, 256) product took 17 ms
     on two OpenBLAS threads, 1.7 ms on one). The kernels own the parallelism.
     """
+    configure_numba()
     import numba
     from threadpoolctl import threadpool_limits
 
@@ -218,3 +294,23 @@ def threading_layer() -> str:
         return numba.threading_layer()
     except ValueError:
         return "not started"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The process-wide choices `start` made (for a model's report and for tests)."""
+
+    threads: int  # kernel threads in force
+    wait_policy: dict[str, str]  # the OpenMP variables this start set; {} when the user's or an earlier start's hold
+    cache_dir: Path  # Numba's kernel folder
+    isa: str  # the block kernels' instruction set (kernel_isa of the compile target)
+
+
+def start(threads: int | None) -> Runtime:
+    """Make the process-wide choices before a model loads: Numba's cache folder and threading layer, the OpenMP
+    wait policy, `threads` kernel threads (None or 0: all cores), and the kernel set for the compile target.
+    Later calls change only the thread count."""
+    configure_numba()
+    policy = set_wait_policy()
+    n = configure_threads(threads)
+    return Runtime(n, policy, kernel_cache_dir(), kernel_isa(compile_target(os.environ)[1]))

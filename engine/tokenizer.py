@@ -218,7 +218,7 @@ _FIM_DEPRECATED_KEYS = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "mi
 
 
 class Tokenizer:
-    """A GGUF vocabulary: `tokenize` gives llama.cpp's ids, `detokenize` and `StreamDecoder` give text back.
+    """A GGUF vocabulary: `tokenize` gives llama.cpp's ids, `detokenize` and `StreamDetokenizer` give text back.
 
     Build it with `Tokenizer.from_metadata(meta)`. Instances are read-only after that and safe to share
     between threads.
@@ -542,9 +542,9 @@ class Tokenizer:
             pieces[0] = pieces[0][1:]
         return b"".join(pieces).decode("utf-8", "replace")
 
-    def stream_decoder(self) -> StreamDecoder:
-        """A decoder for one reply's ids, fed one token at a time."""
-        return StreamDecoder(self)
+    def stream_detokenizer(self) -> StreamDetokenizer:
+        """A detokenizer for one reply's ids, fed one token at a time."""
+        return StreamDetokenizer(self)
 
     def token_text(self, token_id: int) -> str:
         """One token's text for a UI table: control characters escaped (\\n, \\t, \\x00), bytes that are not
@@ -640,7 +640,7 @@ class Tokenizer:
         return f"Tokenizer({kind}, n_vocab={self.n_vocab}, bos={self.bos_id}, eos={self.eos_id})"
 
 
-class StreamDecoder:
+class StreamDetokenizer:
     """Text of a reply as its tokens arrive: `push(id)` returns what became printable, holding back the
     start of a UTF-8 sequence split across tokens, and `flush()` returns whatever is left.
 

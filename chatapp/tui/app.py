@@ -337,7 +337,7 @@ class ChatApp(App[None]):
         self.status.model_name = self.model_name
         self.status.n_ctx = backend.n_ctx
         self.panel.set_max_tokens_cap(backend.n_ctx or None)
-        remote = getattr(backend, "remote", None)  # a server's model (chatapp.remote.RemoteInfo)
+        remote = backend.remote
         if remote is not None:
             self.status.remote = f"remote · {remote.server}"
             self.panel.set_remote(remote.server, remote.honoured, remote.ignored)

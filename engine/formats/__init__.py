@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 
-from . import bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
-from .spec import Format, Packing
+from ..runtime import configure_numba
+
+configure_numba()  # before the format modules' @njit(cache=True): their kernels go to the kernel cache folder
+
+from . import bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0  # noqa: E402
+from .spec import Format, Packing  # noqa: E402
 
 __all__ = ["FORMATS", "QUANTIZED", "Format", "Packing", "bf16", "f16", "f32"]
 

@@ -6,8 +6,8 @@
     ops.py      norms, activations, RoPE, attention: the CPU layer's numerics on xp arrays
     offload.py  the layer's ops on the device (DeviceOps for engine/layer.py run_layer), and its KV cache
 
-`engine.loader.load_model(..., device=, gpu_layers=)` is the way in; `offload_for` attaches an offload to a
-model directly (tests use it with the NumPy backend).
+`engine.loader.load_model(..., device=, gpu_layers=)` is the way in; `offload_for` builds the offload that a
+Model is constructed with (tests use it with the NumPy backend).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 from .backend import DEVICES, NUMPY, TEST_DEVICE, Backend, DeviceError, find_cuda, normalize_device, pick_backend
 
 if TYPE_CHECKING:
-    from ..model import Model
-    from .offload import DeviceOffload
+    from ..config import ModelConfig
+    from ..model import Offload
+    from ..weights import Weights
 
 
 def split_layers(gpu_layers: int, n_layer: int) -> tuple[int, bool]:
@@ -32,17 +33,17 @@ def split_layers(gpu_layers: int, n_layer: int) -> tuple[int, bool]:
     return gpu_layers, False
 
 
-def offload_for(model: Model, backend: Backend = NUMPY, gpu_layers: int = -1) -> DeviceOffload | None:
-    """Upload `model`'s first layers per `gpu_layers` and attach the offload (None and nothing attached for 0)."""
+def offload_for(
+    cfg: ModelConfig, weights: Weights, n_ctx: int, backend: Backend = NUMPY, gpu_layers: int = -1
+) -> Offload | None:
+    """The first layers of a model (`cfg`, `weights`, a cache of `n_ctx`) uploaded per `gpu_layers`, for its
+    Model's constructor; None for 0."""
     from .offload import DeviceOffload  # noqa: PLC0415 (imports engine.model)
 
-    n_layers, with_output = split_layers(gpu_layers, model.cfg.n_layer)
+    n_layers, with_output = split_layers(gpu_layers, cfg.n_layer)
     if n_layers == 0:
-        model.offload = None
         return None
-    offload = DeviceOffload(backend, model.cfg, model.weights, n_layers, with_output, model.n_ctx)
-    model.offload = offload
-    return offload
+    return DeviceOffload(backend, cfg, weights, n_layers, with_output, n_ctx)
 
 
 __all__ = [

@@ -17,6 +17,10 @@ from llvmlite import ir
 from numba import get_thread_id, njit, prange, types
 from numba.extending import intrinsic
 
+from ..runtime import configure_numba
+
+configure_numba()  # the kernel cache folder before the @njit(cache=True) below, even when imported directly
+
 # Scores of one parallel block are at most this many floats (16 MB): long contexts get more, smaller blocks.
 _MAX_BLOCK_SCORES = 1 << 22
 

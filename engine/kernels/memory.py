@@ -9,6 +9,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from ..runtime import configure_numba
+
+configure_numba()  # the kernel cache folder before the @njit(cache=True) below, even when imported directly
+
 
 @njit(parallel=True, cache=True, nogil=True)
 def _sum_parts(a, parts):

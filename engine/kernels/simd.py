@@ -23,9 +23,10 @@ The intrinsics, per format:
 
 from __future__ import annotations
 
+import os
+
 from llvmlite import ir
 from numba import njit, types
-from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
 from ..formats import QUANTIZED, Format
@@ -33,7 +34,7 @@ from ..formats.dispatch import by_format
 from ..formats.emit import I64, PAIRS, QUADS, TILE, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
-from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, kernel_isa
+from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, compile_target, kernel_isa
 
 __all__ = ["KERNELS", "QUAD_CODES", "ROWS", "TILE", "KernelSet", "build_kernels", "kernel_set"]
 
@@ -49,18 +50,8 @@ def kernel_set(isa: str, f16c: bool = True) -> KernelSet:
     return KernelSet(isa, 64 if wide else 32, quads, f16c)
 
 
-def target_cpu() -> tuple[str, frozenset[str]]:
-    """The CPU name and LLVM features Numba compiles for (the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES)."""
-    codegen = cpu_target.target_context.codegen()
-    try:
-        features = codegen._tm_features
-        name = codegen._get_host_cpu_name()
-    except AttributeError:  # a Numba without these private attributes: stay portable
-        return "unknown", frozenset()
-    return name, frozenset(f[1:] for f in features.split(",") if f.startswith("+"))
-
-
-TARGET_NAME, TARGET_FEATURES = target_cpu()
+# The CPU Numba compiles for (the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), found as Numba finds it.
+TARGET_NAME, TARGET_FEATURES = compile_target(os.environ)
 KERNELS = kernel_set(kernel_isa(TARGET_FEATURES), "f16c" in TARGET_FEATURES)
 
 

@@ -11,8 +11,6 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from engine.events import ToolCall
-
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
@@ -96,7 +94,3 @@ def read_call(text: str, start: int) -> CallSpan | None:
     elif not isinstance(value, dict):
         return None
     return CallSpan(obj["name"], arguments, start, end)
-
-
-def to_call(span: CallSpan) -> ToolCall:
-    return ToolCall(new_id(), span.name, span.arguments)

@@ -68,6 +68,7 @@ class FakeBackend:
     """
 
     model_name = "fake-7b-q4_0"
+    remote = None  # a model in this process, as far as the app can tell
     n_ctx = 2048
 
     def __init__(

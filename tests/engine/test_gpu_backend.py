@@ -216,10 +216,11 @@ def test_gpu_layers_zero_and_bad_values(tmp_path) -> None:
 
 
 def sibling(model: Model, gpu_layers: int) -> Model:
-    """The same file and weights as `model` in a new Model with the NumPy offload of `gpu_layers` attached."""
-    twin = Model(model.file, model.cfg, model.weights, model.tokenizer, n_ctx=model.n_ctx, threads=model.threads)
-    offload_for(twin, NUMPY, gpu_layers)
-    return twin
+    """The same file and weights as `model` in a new Model with the NumPy offload of `gpu_layers`."""
+    offload = offload_for(model.cfg, model.weights, model.n_ctx, NUMPY, gpu_layers)
+    return Model(
+        model.file, model.cfg, model.weights, model.tokenizer, n_ctx=model.n_ctx, threads=model.threads, offload=offload
+    )
 
 
 def parity(cpu_logits: np.ndarray, dev_logits: np.ndarray) -> tuple[float, float, bool]:

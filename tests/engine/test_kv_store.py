@@ -41,10 +41,8 @@ def tiny_path(tmp_path) -> Path:
     return write_tiny_model(tmp_path / "tiny.gguf", "llama", seed=1).path
 
 
-def tiny_chat(path: Path, store: KVStore | None) -> ChatSession:
-    chat = ChatSession(load_model(path, n_ctx=128), GREEDY)
-    chat.kv_store = store
-    return chat
+def tiny_chat(path: Path, store: KVStore | None, autosave: bool = False) -> ChatSession:
+    return ChatSession(load_model(path, n_ctx=128), GREEDY, kv_store=store, autosave=autosave)
 
 
 def test_resume_continues_without_prefill(smollm2_model, tmp_path) -> None:
@@ -53,15 +51,13 @@ def test_resume_continues_without_prefill(smollm2_model, tmp_path) -> None:
     with float_products():
         store = KVStore(tmp_path / "kv", 1 << 30)
         messages = [Message("system", "You are terse."), Message("user", "Name three rivers in Europe.")]
-        first = ChatSession(smollm2_model, GREEDY)
-        first.kv_store = store
+        first = ChatSession(smollm2_model, GREEDY, kv_store=store)
         _, stats = reply(first, messages)
         assert first.save_cache() is not None
         follow = [*messages, Message("assistant", stats.reply), Message("user", "And one in Asia?")]
         expected, _ = reply(first, follow)
 
-        resumed = ChatSession(smollm2_model, GREEDY)
-        resumed.kv_store = KVStore(tmp_path / "kv", 1 << 30)
+        resumed = ChatSession(smollm2_model, GREEDY, kv_store=KVStore(tmp_path / "kv", 1 << 30))
         ids, stats = reply(resumed, follow)
         assert stats.restored_tokens == stats.reused_tokens >= len(first.prompt_tokens(messages))
         assert stats.evaluated_tokens <= len(smollm2_model.tokenize("And one in Asia?")) + 12
@@ -141,8 +137,11 @@ KILLED_WRITER = textwrap.dedent(
     exact.__enter__()
     path, folder = sys.argv[1], sys.argv[2]
     prompt = [40 + (i * 7) % 50 for i in range(60)]
-    chat = ChatSession(load_model(path, n_ctx=128), SamplingSettings(temperature=0.0, max_tokens=12))
-    chat.kv_store = kv_store.KVStore(folder, 1 << 30)
+    chat = ChatSession(
+        load_model(path, n_ctx=128),
+        SamplingSettings(temperature=0.0, max_tokens=12),
+        kv_store=kv_store.KVStore(folder, 1 << 30),
+    )
     list(chat.stream_completion(prompt))
     chat.save_cache()  # the first save completes
     kv_store._CHUNK = 512
@@ -233,8 +232,7 @@ def test_autosave_writes_after_every_turn_and_the_app_folder_follows_the_config(
     assert kv_store_for(load_settings({"kv_cache_mb": 0})) is None
     store = kv_store_for(load_settings({"kv_cache_mb": 8}))
     assert store.folder == kv_cache_dir() and store.max_bytes == 8 << 20
-    chat = tiny_chat(tiny_path, store)
-    chat.autosave = True
+    chat = tiny_chat(tiny_path, store, autosave=True)
     reply(chat, prompt=PROMPT)
     (saved,) = store.entries()
     assert list(saved.tokens) == chat.cached_tokens

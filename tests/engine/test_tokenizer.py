@@ -12,7 +12,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from engine.errors import ModelFileError, UnsupportedModelError
-from engine.tokenizer import StreamDecoder, Tokenizer
+from engine.tokenizer import StreamDetokenizer, Tokenizer
 
 # name -> (the conftest fixture giving the model's path, pulled when missing; the conftest fixture of its golden)
 REAL_MODELS = {"smollm2": ("smollm2_path", "golden_smollm2"), "qwen2.5": ("qwen_path", "golden_qwen")}
@@ -152,12 +152,12 @@ def test_user_defined_tokens_match_even_without_special(real: RealModel) -> None
         assert real.tok.tokenize(f"x {text} y", special=False).count(token_id) == 1
 
 
-def test_stream_decoder_on_multibyte_text(real: RealModel) -> None:
+def test_stream_detokenizer_on_multibyte_text(real: RealModel) -> None:
     held_back = 0
     for text in MULTIBYTE_TEXTS + [entry["text"] for entry in real.golden["tokenize"]]:
         ids = real.tok.tokenize(text)
-        decoder = real.tok.stream_decoder()
-        assert isinstance(decoder, StreamDecoder)
+        decoder = real.tok.stream_detokenizer()
+        assert isinstance(decoder, StreamDetokenizer)
         pieces = [decoder.push(i) for i in ids]
         assert all("\ufffd" not in piece for piece in pieces), text
         held_back += pieces.count("")
@@ -165,10 +165,10 @@ def test_stream_decoder_on_multibyte_text(real: RealModel) -> None:
     assert held_back > 0, "no token split a character: the test did not exercise the hold-back"
 
 
-def test_stream_decoder_flushes_an_unfinished_character(real: RealModel) -> None:
+def test_stream_detokenizer_flushes_an_unfinished_character(real: RealModel) -> None:
     ids = real.tok.tokenize("𝄞")
     assert len(ids) > 1
-    decoder = real.tok.stream_decoder()
+    decoder = real.tok.stream_detokenizer()
     assert decoder.push(ids[0]) == ""
     assert decoder.flush() == "\ufffd"
     assert decoder.flush() == ""
@@ -359,7 +359,7 @@ def test_spm_byte_fallback_and_streaming() -> None:
     expected = spm_ids(tok, "▁h") + [3 + b for b in "é😀".encode()]
     assert ids == expected
     assert tok.detokenize(ids) == "hé😀"
-    decoder = tok.stream_decoder()
+    decoder = tok.stream_detokenizer()
     pieces = [decoder.push(i) for i in ids]
     assert pieces == ["h", "", "é", "", "", "", "😀"]  # the added space of the first token is dropped
     assert decoder.flush() == ""

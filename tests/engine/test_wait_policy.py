@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine import kernels
+from engine import runtime
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
@@ -19,7 +19,7 @@ def test_a_busy_process_elsewhere_counts() -> None:
     try:
         readings = []
         for _ in range(50):
-            readings.append(kernels._busy_cores(0.05))
+            readings.append(runtime._busy_cores(0.05))
             if readings[-1] is not None and readings[-1] >= 0.6:
                 break
     finally:
@@ -32,29 +32,29 @@ def test_our_own_threads_do_not_count(monkeypatch) -> None:
     """The arithmetic on given /proc/stat and clock readings: 2 cores, 100 jiffies of which 0 idle over 1 s of
     wall time, 1.5 s of it our own threads' CPU time: others used 0.5 of a core. No timing is involved."""
     samples = iter([(1000, 500, 10.0, 100.0), (1100, 500, 11.5, 101.0)])
-    monkeypatch.setattr(kernels, "_cpu_sample", lambda: next(samples))
-    monkeypatch.setattr(kernels.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(kernels.time, "sleep", lambda s: None)
-    assert kernels._busy_cores() == pytest.approx(0.5)
+    monkeypatch.setattr(runtime, "_cpu_sample", lambda: next(samples))
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
+    assert runtime._busy_cores() == pytest.approx(0.5)
 
 
 def test_an_unreadable_or_frozen_proc_stat_reads_as_unknown(monkeypatch) -> None:
-    monkeypatch.setattr(kernels.time, "sleep", lambda s: None)
+    monkeypatch.setattr(runtime.time, "sleep", lambda s: None)
     samples = iter([(1000, 500, 0.0, 0.0), (1000, 500, 0.0, 1.0)])
-    monkeypatch.setattr(kernels, "_cpu_sample", lambda: next(samples))
-    assert kernels._busy_cores() is None
+    monkeypatch.setattr(runtime, "_cpu_sample", lambda: next(samples))
+    assert runtime._busy_cores() is None
 
     def unreadable():
         raise OSError("no /proc/stat")
 
-    monkeypatch.setattr(kernels, "_cpu_sample", unreadable)
-    assert kernels._busy_cores() is None
+    monkeypatch.setattr(runtime, "_cpu_sample", unreadable)
+    assert runtime._busy_cores() is None
 
 
 @pytest.mark.parametrize(
     ("environ", "busy", "chosen"),
     [
-        ({}, 0.1, {"GOMP_SPINCOUNT": kernels._SPIN_COUNT}),  # idle: spin briefly
+        ({}, 0.1, {"GOMP_SPINCOUNT": runtime._SPIN_COUNT}),  # idle: spin briefly
         ({}, 0.9, {"OMP_WAIT_POLICY": "PASSIVE"}),  # another process busy: wait passively
         ({}, None, {"OMP_WAIT_POLICY": "PASSIVE"}),  # unknown: the safe choice
         ({"OMP_WAIT_POLICY": "ACTIVE"}, 0.1, {}),  # the user's own setting wins
@@ -62,7 +62,7 @@ def test_an_unreadable_or_frozen_proc_stat_reads_as_unknown(monkeypatch) -> None
     ],
 )
 def test_the_policy_follows_the_other_cores_and_defers_to_the_user(environ, busy, chosen) -> None:
-    assert kernels.wait_policy(environ, lambda: busy) == chosen
+    assert runtime.wait_policy(environ, lambda: busy) == chosen
 
 
 CHILD = """
@@ -97,5 +97,5 @@ def test_load_model_sets_the_policy_before_openmp_loads_and_importing_sets_nothi
     assert done.returncode == 0, done.stderr[-2000:]
     policy, spin, gomp_loaded, policy_at_launch, spin_at_launch, gomp_at_launch = done.stdout.split()
     assert (policy, spin, gomp_loaded) == ("None", "None", "False"), "importing the kernels set the wait policy"
-    assert (policy_at_launch, spin_at_launch) in (("PASSIVE", "None"), ("None", kernels._SPIN_COUNT)), done.stdout
+    assert (policy_at_launch, spin_at_launch) in (("PASSIVE", "None"), ("None", runtime._SPIN_COUNT)), done.stdout
     assert gomp_at_launch == "False", "OpenMP was loaded before the wait policy was chosen"

@@ -163,6 +163,8 @@ class RecordingBackend:
     """A ChatSession behind the ChatBackend interface, noting which thread makes every call; its replies stream
     through `gate`."""
 
+    remote = None  # a model in this process
+
     def __init__(self, chat: ChatSession, log: ThreadLog) -> None:
         self._chat = chat
         self._log = log
