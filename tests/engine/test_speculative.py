@@ -492,15 +492,16 @@ def test_a_draft_model_tells_its_pace_of_fruitless_passes(smollm2_model) -> None
     of it as a try, pauses, and the paused steps run the draft no more."""
     drafter = ModelDrafter(smollm2_model, smollm2_model, paced=True, p_min=1.01)
     ids = smollm2_model.tokenize("Once upon a time")
-    # Given times (a step 1 s plain, 1.2 s with the draft's pass), far above the real catch-up that a draft
-    # after a pause subtracts from them.
-    drafter.feedback(0, 0, 1000.0)  # a plain step first: something to compare with
+    # Given times (a step 1000 s plain, 1200 s with the draft's pass), far above the real catch-up that a draft
+    # after a pause subtracts from them: that catch-up is timed, and on a loaded machine it took more than the
+    # 0.2 s margin that 1 s against 1.2 s left (the draft then looked as paying and the count came out 4).
+    drafter.feedback(0, 0, 1_000_000.0)  # a plain step first: something to compare with
     tried = 0
     for step in range(12):
         before = drafter.session.n_past
         assert drafter.draft([*ids, *range(100, 100 + step)], 4) == []
         tried += drafter.session.n_past != before
-        drafter.feedback(0, 0, 1200.0)
+        drafter.feedback(0, 0, 1_200_000.0)
     assert tried == 2  # steps 0 and 5: pauses of 4, then 8
 
 
