@@ -109,7 +109,7 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
             )
-        moe = (key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")) if spec.moe else ()
+        moe = (key("expert_count"), key("expert_used_count"), key(spec.expert_width_key)) if spec.moe else ()
         value_dim = key("attention.value_length", int, head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
@@ -233,9 +233,9 @@ class ModelConfig:
                     out[p + name + ".weight"] = ((d, rows), True)
                     if self.spec.qkv_bias:
                         out[p + name + ".bias"] = ((rows,), True)
-            if self.spec.qk_norm:
-                out[p + "attn_q_norm.weight"] = ((hd,), True)
-                out[p + "attn_k_norm.weight"] = ((hd,), True)
+            if self.spec.qk_norm:  # per head, or over every head's values at once (qk_norm_rows)
+                out[p + "attn_q_norm.weight"] = ((q_dim if self.spec.qk_norm_rows else hd,), True)
+                out[p + "attn_k_norm.weight"] = ((kv_dim if self.spec.qk_norm_rows else hd,), True)
             if self.spec.post_norms:
                 out[p + "post_attention_norm.weight"] = ((d,), True)
                 out[p + "post_ffw_norm.weight"] = ((d,), True)

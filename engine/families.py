@@ -24,6 +24,7 @@ class Family:
     fused_qkv: bool = False  # one attn_qkv matrix (q_dim + 2·kv_dim rows) instead of attn_q/k/v
     biases: bool = False  # attention output and FFN matrices carry biases
     qk_norm: bool = False  # per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before RoPE
+    qk_norm_rows: bool = False  # with qk_norm: one RMSNorm over each token's whole q and k rows, all heads (olmoe)
     post_norms: bool = False  # RMSNorm of each branch's output before its residual (post_attention/ffw_norm)
     embed_scale: bool = False  # token embeddings multiplied by √d
     softcap: bool = False  # tanh soft-capping of attention scores and final logits (from the file's caps)
@@ -37,6 +38,7 @@ class Family:
     # expert_used_count experts of highest softmax probability (llama.cpp's build_moe_ffn, softmax gating).
     moe: bool = False
     moe_norm_weights: bool = False  # the chosen experts' probabilities are renormalised to sum to 1 (norm_w)
+    expert_width_key: str = "expert_feed_forward_length"  # the metadata key of one expert's FFN width
 
 
 FAMILIES: dict[str, Family] = {
@@ -44,6 +46,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(rope_neox=True, qkv_bias=True),
     "qwen3": Family(rope_neox=True, qk_norm=True),
     "qwen3moe": Family(rope_neox=True, qk_norm=True, moe=True, moe_norm_weights=True),  # Qwen3-30B-A3B, Coder
+    "olmoe": Family(  # OLMoE-1B-7B: no renormalising; its experts are feed_forward_length wide
+        rope_neox=True, qk_norm=True, qk_norm_rows=True, moe=True, expert_width_key="feed_forward_length"
+    ),
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
     ),

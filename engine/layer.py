@@ -71,7 +71,7 @@ class Attention:
     q: Linear  # (n_head·head_dim, d)
     k: Linear  # (n_kv·head_dim, d)
     v: Linear
-    q_norm: Norm | None  # per head, (head_dim,), before RoPE
+    q_norm: Norm | None  # before RoPE: per head, (head_dim,), or over the whole row, (n_head·head_dim,)
     k_norm: Norm | None
     rope: Rope
     scale: float  # multiplies q·k
@@ -138,7 +138,7 @@ class LayerOps(Protocol):
         ...
 
     def head_norm(self, y: Array, norm: Norm) -> Array:
-        """Each head of q or k normalized over its head_dim values."""
+        """q or k normalized in groups of the norm's length: each head (head_dim), or the whole row."""
         ...
 
     def rope_and_store(self, q: Array, k: Array, v: Array, layer: LayerSpec) -> Array:

@@ -169,7 +169,8 @@ class DeviceOps:
         return q, k, v
 
     def head_norm(self, y: Array, n: Norm) -> Array:
-        return norm(self.xp, y, n)  # per head: y (t, heads, hd)
+        t, heads, hd = y.shape  # per head, or per row where the norm spans every head (olmoe)
+        return norm(self.xp, y.reshape(t, -1, n.weight.shape[0]), n).reshape(t, heads, hd)
 
     def rope_and_store(self, q: Array, k: Array, v: Array, layer: LayerSpec) -> Array:
         xp, rope = self.xp, layer.attention.rope
