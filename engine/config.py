@@ -62,6 +62,7 @@ class ModelConfig:
     n_expert: int = 0  # experts per MoE layer (expert_count); 0: a dense FFN
     n_expert_used: int = 0  # experts each token runs (expert_used_count, the router's top-k)
     d_ff_exp: int = 0  # hidden width of one expert's FFN (expert_feed_forward_length)
+    d_ff_shexp: int = 0  # hidden width of the shared expert (expert_shared_feed_forward_length, else d_ff)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
@@ -110,6 +111,8 @@ class ModelConfig:
                 f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
             )
         moe = (key("expert_count"), key("expert_used_count"), key(spec.expert_width_key)) if spec.moe else ()
+        if spec.shared_expert:
+            moe += (key("expert_shared_feed_forward_length", int, key("feed_forward_length")),)
         value_dim = key("attention.value_length", int, head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
@@ -158,7 +161,7 @@ class ModelConfig:
             embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else 1.0,
             sliding_window=window,
             local=local,
-            **dict(zip(("n_expert", "n_expert_used", "d_ff_exp"), moe, strict=False)),
+            **dict(zip(("n_expert", "n_expert_used", "d_ff_exp", "d_ff_shexp"), moe, strict=False)),
         )
         cfg._check()
         return cfg
@@ -170,7 +173,8 @@ class ModelConfig:
             if not 0 < value < MAX_SIZE:
                 raise ModelFileError(f"metadata {self.arch}: {name} = {value} is not a sane size")
         if self.spec.moe:
-            for name in ("n_expert", "n_expert_used", "d_ff_exp"):
+            shared = ("d_ff_shexp",) if self.spec.shared_expert else ()
+            for name in ("n_expert", "n_expert_used", "d_ff_exp", *shared):
                 if not 0 < getattr(self, name) < MAX_SIZE:
                     raise ModelFileError(f"metadata {self.arch}: {name} = {getattr(self, name)} is not a sane size")
             if self.n_expert_used > self.n_expert:
@@ -246,6 +250,12 @@ class ModelConfig:
                 out[p + "ffn_gate_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_up_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_down_exps.weight"] = ((fe, d, ne), True)
+                if self.spec.shared_expert:
+                    fs = self.d_ff_shexp
+                    out[p + "ffn_gate_inp_shexp.weight"] = ((d,), True)
+                    out[p + "ffn_gate_shexp.weight"] = ((d, fs), True)
+                    out[p + "ffn_up_shexp.weight"] = ((d, fs), True)
+                    out[p + "ffn_down_shexp.weight"] = ((fs, d), True)
             else:
                 if self.spec.ffn != "gelu":
                     out[p + "ffn_gate.weight"] = ((d, ff), True)

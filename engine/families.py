@@ -39,6 +39,9 @@ class Family:
     moe: bool = False
     moe_norm_weights: bool = False  # the chosen experts' probabilities are renormalised to sum to 1 (norm_w)
     expert_width_key: str = "expert_feed_forward_length"  # the metadata key of one expert's FFN width
+    # A shared expert every token runs (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length wide, d_ff
+    # without it), its output scaled by sigmoid(ffn_gate_inp_shexp · h) and added to the routed sum (qwen2moe).
+    shared_expert: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -49,6 +52,7 @@ FAMILIES: dict[str, Family] = {
     "olmoe": Family(  # OLMoE-1B-7B: no renormalising; its experts are feed_forward_length wide
         rope_neox=True, qk_norm=True, qk_norm_rows=True, moe=True, expert_width_key="feed_forward_length"
     ),
+    "qwen2moe": Family(rope_neox=True, qkv_bias=True, moe=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
     ),

@@ -61,6 +61,7 @@ class TinyModel:
     n_expert: int = 0  # qwen3moe, olmoe: experts per layer, each token running n_expert_used of them
     n_expert_used: int = 0
     d_ff_exp: int = 0
+    d_ff_shexp: int = 0  # qwen2moe: the shared expert's width
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
     @property
@@ -82,6 +83,8 @@ _SHAPES = {
     # Qwen3-30B-A3B's router in miniature: 8 experts, 2 used, each a narrow SwiGLU FFN.
     "qwen3moe": {"head_dim": 32, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64},
     # OLMoE's q/k norms span the whole rows, which llama.cpp sizes n_embd for k too: as many kv heads as heads.
+    # Qwen1.5-MoE's: 8 experts, 2 used, not renormalised, plus a shared expert of its own width.
+    "qwen2moe": {"n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff_shexp": 96},
     "olmoe": {"n_kv": 4, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff": 64},  # experts: d_ff wide
     "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
     "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
@@ -127,6 +130,8 @@ def write_tiny_model(
         writer.add_expert_used_count(m.n_expert_used)
         if arch != "olmoe":  # OLMoE's experts are feed_forward_length wide, the key it has
             writer.add_expert_feed_forward_length(m.d_ff_exp)
+        if m.d_ff_shexp:
+            writer.add_expert_shared_feed_forward_length(m.d_ff_shexp)
     if m.attn_softcap:
         writer.add_attn_logit_softcapping(m.attn_softcap)
         writer.add_final_logit_softcapping(m.final_softcap)
@@ -204,6 +209,11 @@ def write_tiny_model(
                 matrix(p + "ffn_gate_exps.weight", m.d_ff_exp, m.d, m.n_expert)
                 matrix(p + "ffn_up_exps.weight", m.d_ff_exp, m.d, m.n_expert)
                 matrix(p + "ffn_down_exps.weight", m.d, m.d_ff_exp, m.n_expert)
+                if m.d_ff_shexp:
+                    vector(p + "ffn_gate_inp_shexp.weight", m.d, 0.0)
+                    matrix(p + "ffn_gate_shexp.weight", m.d_ff_shexp, m.d)
+                    matrix(p + "ffn_up_shexp.weight", m.d_ff_shexp, m.d)
+                    matrix(p + "ffn_down_shexp.weight", m.d, m.d_ff_shexp)
             else:
                 matrix(p + "ffn_gate.weight", m.d_ff, m.d)
             if arch in ("qwen3", "qwen3moe", "gemma3"):
@@ -215,7 +225,7 @@ def write_tiny_model(
             if arch in GEMMA:
                 vector(p + "post_attention_norm.weight", m.d, 1.0)
                 vector(p + "post_ffw_norm.weight", m.d, 1.0)
-            if arch == "qwen2":
+            if arch in ("qwen2", "qwen2moe"):
                 vector(p + "attn_q.bias", m.n_head * hd, 0.0)
                 vector(p + "attn_k.bias", m.n_kv * hd, 0.0)
                 vector(p + "attn_v.bias", m.n_kv * hd, 0.0)
@@ -271,7 +281,7 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
         x = x + w["position_embd.weight"][:t]
     if m.arch in GEMMA:
         x = x * np.sqrt(m.d)
-    neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "olmoe", *GEMMA)
+    neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", *GEMMA)
 
     def gelu(u: np.ndarray) -> np.ndarray:
         return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
@@ -306,7 +316,7 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
             q, k, v = qkv[:, : m.d], qkv[:, m.d : 2 * m.d], qkv[:, 2 * m.d :]
         else:
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T for n in "qkv")
-            if m.arch == "qwen2":
+            if m.arch in ("qwen2", "qwen2moe"):
                 q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
             if m.arch == "olmoe":  # RMSNorm of each token's whole q and k rows, before the heads are split
                 q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
@@ -395,4 +405,8 @@ def moe_ffn(m: TinyModel, h: np.ndarray, p: str, router_gaps: np.ndarray | None 
             g = w[p + "ffn_gate_exps.weight"][e] @ x  # (d_ff_exp,)
             u = w[p + "ffn_up_exps.weight"][e] @ x
             out[i] += weight * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+        if m.d_ff_shexp:  # Qwen2-MoE's shared expert, gated by sigmoid(ffn_gate_inp_shexp · x)
+            g, u = w[p + "ffn_gate_shexp.weight"] @ x, w[p + "ffn_up_shexp.weight"] @ x  # (d_ff_shexp,)
+            gate = 1 / (1 + np.exp(-(w[p + "ffn_gate_inp_shexp.weight"] @ x)))
+            out[i] += gate * (w[p + "ffn_down_shexp.weight"] @ (g / (1 + np.exp(-g)) * u))
     return out
