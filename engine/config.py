@@ -63,6 +63,8 @@ class ModelConfig:
     n_expert_used: int = 0  # experts each token runs (expert_used_count, the router's top-k)
     d_ff_exp: int = 0  # hidden width of one expert's FFN (expert_feed_forward_length)
     d_ff_shexp: int = 0  # hidden width of the shared expert (expert_shared_feed_forward_length, else d_ff)
+    residual_scale: float = 1.0  # each branch's output is multiplied by this before its residual (granite)
+    logit_scale: float = 1.0  # the output logits are divided by this (granite)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
@@ -131,6 +133,12 @@ class ModelConfig:
         wide = spec.wide_scale_layers and n_layer == spec.wide_scale_layers
         width = d_model / n_head if wide and n_head > 0 else head_dim
         attn_scale = 1.0 / math.sqrt(width) if width > 0 else 0.0  # a size that is not positive is refused below
+        granite = (1.0, 1.0, 1.0)  # embedding, residual, logit scales
+        if spec.granite_scales:  # llama.cpp: a missing or zero attention.scale keeps 1/√head_dim
+            attn_scale = float(key("attention.scale", float, 0.0)) or attn_scale
+            granite = tuple(float(key(k, float, 1.0)) for k in ("embedding_scale", "residual_scale", "logit_scale"))
+            if not all(math.isfinite(v) and v > 0 for v in (*granite, attn_scale)):
+                raise ModelFileError(f"metadata {arch}: scales {granite} or attention.scale {attn_scale} not sane")
         softcaps = (0.0, 0.0)
         if spec.softcap:
             softcaps = (
@@ -158,7 +166,9 @@ class ModelConfig:
             attn_scale=attn_scale,
             attn_softcap=softcaps[0],
             final_softcap=softcaps[1],
-            embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else 1.0,
+            embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else granite[0],
+            residual_scale=granite[1],
+            logit_scale=granite[2],
             sliding_window=window,
             local=local,
             **dict(zip(("n_expert", "n_expert_used", "d_ff_exp", "d_ff_shexp"), moe, strict=False)),

@@ -42,6 +42,9 @@ class Family:
     # A shared expert every token runs (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length wide, d_ff
     # without it), its output scaled by sigmoid(ffn_gate_inp_shexp · h) and added to the routed sum (qwen2moe).
     shared_expert: bool = False
+    # Granite's multipliers, from the file: embeddings × embedding_scale, each branch's output × residual_scale
+    # before its residual, attention scores × attention.scale (for 1/√head_dim), logits ÷ logit_scale.
+    granite_scales: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -53,6 +56,9 @@ FAMILIES: dict[str, Family] = {
         rope_neox=True, qk_norm=True, qk_norm_rows=True, moe=True, expert_width_key="feed_forward_length"
     ),
     "qwen2moe": Family(rope_neox=True, qkv_bias=True, moe=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
+    "granitemoe": Family(  # Granite 3 MoE: experts feed_forward_length wide, renormalised
+        moe=True, moe_norm_weights=True, expert_width_key="feed_forward_length", granite_scales=True
+    ),
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
     ),

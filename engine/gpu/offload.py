@@ -130,6 +130,8 @@ class DeviceOffload:
         xp = self.backend.xp
         h = norm(xp, xp.asarray(x, dtype=xp.float32), self.output_norm)  # (t, d)
         logits = matmul(xp, self.output_w, h)  # (t, n_vocab)
+        if self.cfg.logit_scale != 1.0:
+            logits = logits / self.cfg.logit_scale
         if self.cfg.final_softcap:
             logits = ops.soft_cap(xp, logits, self.cfg.final_softcap)
         return self.backend.to_host(logits)
@@ -213,6 +215,8 @@ class DeviceOps:
         # load_model keeps a mixture-of-experts model on the CPU: no such layer reaches a device
         raise NotImplementedError(f"{ffn.router.name}: mixture-of-experts layers do not run on a device yet")
 
-    def residual(self, x: Array, y: Array) -> Array:
+    def residual(self, x: Array, y: Array, scale: float = 1.0) -> Array:
+        if scale != 1.0:
+            y *= scale  # y is a branch's output, no longer needed
         x += y
         return x

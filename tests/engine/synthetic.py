@@ -62,6 +62,7 @@ class TinyModel:
     n_expert_used: int = 0
     d_ff_exp: int = 0
     d_ff_shexp: int = 0  # qwen2moe: the shared expert's width
+    granite: tuple[float, float, float, float] | None = None  # embedding, residual, attention, logit scales
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
     @property
@@ -85,6 +86,10 @@ _SHAPES = {
     # OLMoE's q/k norms span the whole rows, which llama.cpp sizes n_embd for k too: as many kv heads as heads.
     # Qwen1.5-MoE's: 8 experts, 2 used, not renormalised, plus a shared expert of its own width.
     "qwen2moe": {"n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff_shexp": 96},
+    # Granite 3 MoE's multipliers, of the size its files carry (embedding 12, residual 0.22, attention 1/64),
+    # logit_scale 0.5 so that it bites; experts d_ff wide.
+    "granitemoe": {"n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff": 64,
+                   "granite": (12.0, 0.22, 0.015625, 0.5)},
     "olmoe": {"n_kv": 4, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff": 64},  # experts: d_ff wide
     "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
     "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
@@ -128,10 +133,15 @@ def write_tiny_model(
     if m.n_expert:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
-        if arch != "olmoe":  # OLMoE's experts are feed_forward_length wide, the key it has
+        if arch not in ("olmoe", "granitemoe"):  # these have experts feed_forward_length wide, the key they read
             writer.add_expert_feed_forward_length(m.d_ff_exp)
         if m.d_ff_shexp:
             writer.add_expert_shared_feed_forward_length(m.d_ff_shexp)
+    if m.granite:
+        writer.add_embedding_scale(m.granite[0])
+        writer.add_residual_scale(m.granite[1])
+        writer.add_attention_scale(m.granite[2])
+        writer.add_logit_scale(m.granite[3])
     if m.attn_softcap:
         writer.add_attn_logit_softcapping(m.attn_softcap)
         writer.add_final_logit_softcapping(m.final_softcap)
@@ -281,6 +291,8 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
         x = x + w["position_embd.weight"][:t]
     if m.arch in GEMMA:
         x = x * np.sqrt(m.d)
+    embed, residual, attn_scale, logit_scale = m.granite or (1.0, 1.0, 1 / np.sqrt(hd), 1.0)
+    x = x * embed
     neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", *GEMMA)
 
     def gelu(u: np.ndarray) -> np.ndarray:
@@ -334,7 +346,7 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
             lo = max(0, pos - m.window + 1) if local else 0  # the window: the last `window` positions
             for head in range(m.n_head):
                 kv = head // group
-                scores = k[lo : pos + 1, kv] @ q[pos, head] / np.sqrt(hd)  # (pos+1-lo,)
+                scores = k[lo : pos + 1, kv] @ q[pos, head] * attn_scale  # (pos+1-lo,)
                 if m.attn_softcap:
                     scores = m.attn_softcap * np.tanh(scores / m.attn_softcap)
                 p_att = np.exp(scores - scores.max())
@@ -345,7 +357,7 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
             o = o + w[p + "attn_output.bias"]
         if m.arch in GEMMA:
             o = norm(o, p + "post_attention_norm")
-        x = x + o
+        x = x + residual * o
         h = norm(x, p + "ffn_norm")
         if m.arch == "gpt2":
             u = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
@@ -359,10 +371,10 @@ def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | Non
             f = (act * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         if m.arch in GEMMA:
             f = norm(f, p + "post_ffw_norm")
-        x = x + f
+        x = x + residual * f
     x = norm(x, "output_norm")
     out = w.get("output.weight") if "output.weight" in w else w["token_embd.weight"]
-    logits = x @ out.T
+    logits = x @ out.T / logit_scale
     if m.final_softcap:
         logits = m.final_softcap * np.tanh(logits / m.final_softcap)
     return logits
@@ -400,7 +412,7 @@ def moe_ffn(m: TinyModel, h: np.ndarray, p: str, router_gaps: np.ndarray | None 
             ranked = np.sort(logits)[::-1]  # (n_expert,)
             gap = ranked[m.n_expert_used - 1] - ranked[m.n_expert_used]
             router_gaps[i] = gap if p == "blk.0." else min(router_gaps[i], gap)
-        chosen = prob[top] / prob[top].sum() if m.arch == "qwen3moe" else prob[top]
+        chosen = prob[top] / prob[top].sum() if m.arch in ("qwen3moe", "granitemoe") else prob[top]
         for e, weight in zip(top, chosen, strict=True):
             g = w[p + "ffn_gate_exps.weight"][e] @ x  # (d_ff_exp,)
             u = w[p + "ffn_up_exps.weight"][e] @ x

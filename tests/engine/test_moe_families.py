@@ -17,7 +17,7 @@ from engine.gguf_file import open_gguf
 from tests.engine.compare import FLOAT_REFERENCE_BOUND, REFERENCE_BOUNDS, assert_matches_reference
 from tests.engine.synthetic import TinyModel, reference_logits, write_tiny_model
 
-FAMILIES = ["olmoe", "qwen2moe"]
+FAMILIES = ["olmoe", "qwen2moe", "granitemoe"]
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "synthetic-moe-llama-cpp.npz"
 
 
@@ -65,6 +65,14 @@ def test_qwen2moe_reads_its_description(tiny) -> None:
     assert not any("shexp" in name for name in olmoe)
 
 
+def test_granitemoe_reads_its_scales(tiny) -> None:
+    cfg = _config(tiny["granitemoe", T.Q8_0])
+    assert cfg.spec.moe and cfg.spec.moe_norm_weights and not cfg.spec.rope_neox and not cfg.spec.shared_expert
+    assert (cfg.n_expert, cfg.n_expert_used, cfg.d_ff_exp) == (8, 2, 64)
+    assert (cfg.embed_scale, cfg.attn_scale, cfg.logit_scale) == (12.0, 0.015625, 0.5)
+    assert cfg.residual_scale == pytest.approx(0.22)
+
+
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_synthetic_file_is_the_one_llama_cpp_ran(tiny, llama_cpp: dict, arch: str) -> None:
     for t in (T.F32, T.Q8_0):
@@ -74,7 +82,7 @@ def test_synthetic_file_is_the_one_llama_cpp_ran(tiny, llama_cpp: dict, arch: st
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_reference_matches_llama_cpp_on_the_f32_file(tiny, llama_cpp: dict, arch: str) -> None:
     """The float64 reference is llama.cpp's forward pass for the family: max |Δ| / spread measured (AVX-512) olmoe
-    4.8e-4, qwen2moe 6.3e-4, within the float bound."""
+    4.8e-4, qwen2moe 6.3e-4, granitemoe 3.8e-5, within the float bound."""
     ids = [int(i) for i in llama_cpp["ids"]]
     ref = reference_logits(tiny[arch, T.F32], ids)
     assert_matches_reference(llama_cpp[f"logits/{arch}-F32"], ref, FLOAT_REFERENCE_BOUND)
@@ -94,7 +102,7 @@ def test_matches_llama_cpp_and_the_reference(tiny, llama_cpp: dict, arch: str, m
     on the same file (20 tokens), at the reference bounds. Measured max |Δ| / spread (AVX-512), against llama.cpp
     and the reference: olmoe F32 2.8e-4, 4.3e-4; Q8_0 0.012 (where no router near-tie, NEAR_TIE, lets int8
     rounding choose another expert; the F32 files have no exception), 0.013; qwen2moe F32 3.2e-4, 6.8e-4; Q8_0
-    0.014 (at every position), 0.034."""
+    0.014 (at every position), 0.034; granitemoe F32 2.5e-5, 2.6e-5; Q8_0 0.0033, 0.0034."""
     ids = [int(i) for i in llama_cpp["ids"]]
     want = llama_cpp[f"logits/{arch}-{matrix_type.name}"]  # (20, n_vocab)
     gaps = np.zeros(len(ids))
