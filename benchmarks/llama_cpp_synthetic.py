@@ -1,7 +1,7 @@
 """llama.cpp's logits on the tiny synthetic model of each family, for tests/engine/test_synthetic_llama_cpp.py.
 
     python benchmarks/llama_cpp_synthetic.py --llama-python /path/to/llama-venv/bin/python
-    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe \
+    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe olmoe qwen2moe granitemoe \
         --out tests/golden/synthetic-moe-llama-cpp.npz
 
 Writes every family's tiny GGUF (tests/engine/synthetic.py, seed 0, F32 and Q8_0 matrices) to a scratch
@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 from tests.engine.synthetic import write_tiny_model  # noqa: E402
 
 FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3")
-# The mixture-of-experts families, in a golden file of their own (--families qwen3moe --out MOE_OUT).
+# The mixture-of-experts families, in a golden file of their own:
+# --families qwen3moe olmoe qwen2moe granitemoe --out MOE_OUT.
 TYPES = (T.F32, T.Q8_0)
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33, 77, 150, 9, 211, 45, 120]  # 20 > window 5
 # Qwen3 with YaRN rope scaling: factor 4 over an original context of 16, attention factor 0.9, read over 40
@@ -72,7 +73,7 @@ def main() -> int:
                 tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", family, matrix_type=ggml_type)
                 files[name] = str(tiny.path)
                 shas[name] = hashlib.sha256(tiny.path.read_bytes()).hexdigest()
-        for ggml_type in TYPES:
+        for ggml_type in TYPES if "qwen3" in args.families else ():  # YaRN's file is a qwen3 one
             name = f"qwen3-yarn-{ggml_type.name}"
             tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", "qwen3", matrix_type=ggml_type, yarn=YARN)
             files[name] = str(tiny.path)
@@ -86,7 +87,8 @@ def main() -> int:
     arrays = {f"logits/{name}": np.array(result[name], dtype=np.float32) for name in files}  # (len(IDS), n_vocab)
     arrays.update({f"sha256/{name}": np.array(sha) for name, sha in shas.items()})
     arrays["ids"] = np.array(IDS)
-    arrays["yarn_ids"] = np.array(YARN_IDS)
+    if "qwen3" in args.families:
+        arrays["yarn_ids"] = np.array(YARN_IDS)
     arrays["source"] = np.array(f"llama.cpp via llama-cpp-python {result['__version__']}, n_threads=2")
     np.savez_compressed(args.out, **arrays)
     print(f"wrote {args.out} ({len(files)} models)")

@@ -62,6 +62,9 @@ class ModelConfig:
     n_expert: int = 0  # experts per MoE layer (expert_count); 0: a dense FFN
     n_expert_used: int = 0  # experts each token runs (expert_used_count, the router's top-k)
     d_ff_exp: int = 0  # hidden width of one expert's FFN (expert_feed_forward_length)
+    d_ff_shexp: int = 0  # hidden width of the shared expert (expert_shared_feed_forward_length, else d_ff)
+    residual_scale: float = 1.0  # each branch's output is multiplied by this before its residual (granite)
+    logit_scale: float = 1.0  # the output logits are divided by this (granite)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab: int) -> ModelConfig:
@@ -109,7 +112,9 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
             )
-        moe = (key("expert_count"), key("expert_used_count"), key("expert_feed_forward_length")) if spec.moe else ()
+        moe = (key("expert_count"), key("expert_used_count"), key(spec.expert_width_key)) if spec.moe else ()
+        if spec.shared_expert:
+            moe += (key("expert_shared_feed_forward_length", int, key("feed_forward_length")),)
         value_dim = key("attention.value_length", int, head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
@@ -128,6 +133,12 @@ class ModelConfig:
         wide = spec.wide_scale_layers and n_layer == spec.wide_scale_layers
         width = d_model / n_head if wide and n_head > 0 else head_dim
         attn_scale = 1.0 / math.sqrt(width) if width > 0 else 0.0  # a size that is not positive is refused below
+        granite = (1.0, 1.0, 1.0)  # embedding, residual, logit scales
+        if spec.granite_scales:  # llama.cpp: a missing or zero attention.scale keeps 1/√head_dim
+            attn_scale = float(key("attention.scale", float, 0.0)) or attn_scale
+            granite = tuple(float(key(k, float, 1.0)) for k in ("embedding_scale", "residual_scale", "logit_scale"))
+            if not all(math.isfinite(v) and v > 0 for v in (*granite, attn_scale)):
+                raise ModelFileError(f"metadata {arch}: scales {granite} or attention.scale {attn_scale} not sane")
         softcaps = (0.0, 0.0)
         if spec.softcap:
             softcaps = (
@@ -155,10 +166,12 @@ class ModelConfig:
             attn_scale=attn_scale,
             attn_softcap=softcaps[0],
             final_softcap=softcaps[1],
-            embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else 1.0,
+            embed_scale=float(np.float32(math.sqrt(d_model))) if spec.embed_scale else granite[0],
+            residual_scale=granite[1],
+            logit_scale=granite[2],
             sliding_window=window,
             local=local,
-            **dict(zip(("n_expert", "n_expert_used", "d_ff_exp"), moe, strict=False)),
+            **dict(zip(("n_expert", "n_expert_used", "d_ff_exp", "d_ff_shexp"), moe, strict=False)),
         )
         cfg._check()
         return cfg
@@ -170,7 +183,8 @@ class ModelConfig:
             if not 0 < value < MAX_SIZE:
                 raise ModelFileError(f"metadata {self.arch}: {name} = {value} is not a sane size")
         if self.spec.moe:
-            for name in ("n_expert", "n_expert_used", "d_ff_exp"):
+            shared = ("d_ff_shexp",) if self.spec.shared_expert else ()
+            for name in ("n_expert", "n_expert_used", "d_ff_exp", *shared):
                 if not 0 < getattr(self, name) < MAX_SIZE:
                     raise ModelFileError(f"metadata {self.arch}: {name} = {getattr(self, name)} is not a sane size")
             if self.n_expert_used > self.n_expert:
@@ -233,9 +247,9 @@ class ModelConfig:
                     out[p + name + ".weight"] = ((d, rows), True)
                     if self.spec.qkv_bias:
                         out[p + name + ".bias"] = ((rows,), True)
-            if self.spec.qk_norm:
-                out[p + "attn_q_norm.weight"] = ((hd,), True)
-                out[p + "attn_k_norm.weight"] = ((hd,), True)
+            if self.spec.qk_norm:  # per head, or over every head's values at once (qk_norm_rows)
+                out[p + "attn_q_norm.weight"] = ((q_dim if self.spec.qk_norm_rows else hd,), True)
+                out[p + "attn_k_norm.weight"] = ((kv_dim if self.spec.qk_norm_rows else hd,), True)
             if self.spec.post_norms:
                 out[p + "post_attention_norm.weight"] = ((d,), True)
                 out[p + "post_ffw_norm.weight"] = ((d,), True)
@@ -246,6 +260,12 @@ class ModelConfig:
                 out[p + "ffn_gate_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_up_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_down_exps.weight"] = ((fe, d, ne), True)
+                if self.spec.shared_expert:
+                    fs = self.d_ff_shexp
+                    out[p + "ffn_gate_inp_shexp.weight"] = ((d,), True)
+                    out[p + "ffn_gate_shexp.weight"] = ((d, fs), True)
+                    out[p + "ffn_up_shexp.weight"] = ((d, fs), True)
+                    out[p + "ffn_down_shexp.weight"] = ((fs, d), True)
             else:
                 if self.spec.ffn != "gelu":
                     out[p + "ffn_gate.weight"] = ((d, ff), True)

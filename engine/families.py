@@ -24,6 +24,7 @@ class Family:
     fused_qkv: bool = False  # one attn_qkv matrix (q_dim + 2·kv_dim rows) instead of attn_q/k/v
     biases: bool = False  # attention output and FFN matrices carry biases
     qk_norm: bool = False  # per-head RMSNorm of q and k (attn_q_norm, attn_k_norm) before RoPE
+    qk_norm_rows: bool = False  # with qk_norm: one RMSNorm over each token's whole q and k rows, all heads (olmoe)
     post_norms: bool = False  # RMSNorm of each branch's output before its residual (post_attention/ffw_norm)
     embed_scale: bool = False  # token embeddings multiplied by √d
     softcap: bool = False  # tanh soft-capping of attention scores and final logits (from the file's caps)
@@ -37,6 +38,13 @@ class Family:
     # expert_used_count experts of highest softmax probability (llama.cpp's build_moe_ffn, softmax gating).
     moe: bool = False
     moe_norm_weights: bool = False  # the chosen experts' probabilities are renormalised to sum to 1 (norm_w)
+    expert_width_key: str = "expert_feed_forward_length"  # the metadata key of one expert's FFN width
+    # A shared expert every token runs (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length wide, d_ff
+    # without it), its output scaled by sigmoid(ffn_gate_inp_shexp · h) and added to the routed sum (qwen2moe).
+    shared_expert: bool = False
+    # Granite's multipliers, from the file: embeddings × embedding_scale, each branch's output × residual_scale
+    # before its residual, attention scores × attention.scale (for 1/√head_dim), logits ÷ logit_scale.
+    granite_scales: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -44,6 +52,13 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family(rope_neox=True, qkv_bias=True),
     "qwen3": Family(rope_neox=True, qk_norm=True),
     "qwen3moe": Family(rope_neox=True, qk_norm=True, moe=True, moe_norm_weights=True),  # Qwen3-30B-A3B, Coder
+    "olmoe": Family(  # OLMoE-1B-7B: no renormalising; its experts are feed_forward_length wide
+        rope_neox=True, qk_norm=True, qk_norm_rows=True, moe=True, expert_width_key="feed_forward_length"
+    ),
+    "qwen2moe": Family(rope_neox=True, qkv_bias=True, moe=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
+    "granitemoe": Family(  # Granite 3 MoE: experts feed_forward_length wide, renormalised
+        moe=True, moe_norm_weights=True, expert_width_key="feed_forward_length", granite_scales=True
+    ),
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46
     ),

@@ -71,7 +71,7 @@ class Attention:
     q: Linear  # (n_head·head_dim, d)
     k: Linear  # (n_kv·head_dim, d)
     v: Linear
-    q_norm: Norm | None  # per head, (head_dim,), before RoPE
+    q_norm: Norm | None  # before RoPE: per head, (head_dim,), or over the whole row, (n_head·head_dim,)
     k_norm: Norm | None
     rope: Rope
     scale: float  # multiplies q·k
@@ -111,6 +111,7 @@ class LayerSpec:
     ffn_norm: Norm
     ffn: Ffn
     ffn_post_norm: Norm | None  # on the FFN's output, before its residual
+    residual_scale: float = 1.0  # multiplies each branch's output before its residual (granite)
 
     def matrices(self) -> list[Matrix]:
         return [*self.attention.matrices(), *self.ffn.matrices()]
@@ -138,7 +139,7 @@ class LayerOps(Protocol):
         ...
 
     def head_norm(self, y: Array, norm: Norm) -> Array:
-        """Each head of q or k normalized over its head_dim values."""
+        """q or k normalized in groups of the norm's length: each head (head_dim), or the whole row."""
         ...
 
     def rope_and_store(self, q: Array, k: Array, v: Array, layer: LayerSpec) -> Array:
@@ -162,8 +163,8 @@ class LayerOps(Protocol):
         """h (t, d) -> (t, d): each token through its chosen experts (engine/moe.py)."""
         ...
 
-    def residual(self, x: Array, y: Array) -> Array:
-        """x + y, into x where the backend can."""
+    def residual(self, x: Array, y: Array, scale: float) -> Array:
+        """x + scale·y, into x where the backend can."""
         ...
 
 
@@ -181,12 +182,12 @@ def run_layer(ops: LayerOps, layer: LayerSpec, x: Array) -> Array:
     o = ops.attn_out(a, att)  # (t, d)
     if layer.attn_post_norm is not None:
         o = ops.post_norm(o, layer.attn_post_norm)
-    x = ops.residual(x, o)
+    x = ops.residual(x, o, layer.residual_scale)
     h = ops.norm(x, layer.ffn_norm)
     f = layer.ffn.apply(ops, h)  # (t, d)
     if layer.ffn_post_norm is not None:
         f = ops.post_norm(f, layer.ffn_post_norm)
-    return ops.residual(x, f)
+    return ops.residual(x, f, layer.residual_scale)
 
 
 def rope_tables(
@@ -256,6 +257,7 @@ def layer_specs(
                 ffn_norm=norm(lw.ffn_norm, lw.ffn_norm_b),
                 ffn=ffn,
                 ffn_post_norm=rms(lw.post_ffn_norm),
+                residual_scale=cfg.residual_scale,
             )
         )
     return specs

@@ -253,6 +253,8 @@ class Model:
             return self.offload.output(x)
         x = norm_rows(x, output_norm(cfg, w), rowwise)
         logits = matmul(w.output, x, rowwise=rowwise)  # (t, n_vocab)
+        if cfg.logit_scale != 1.0:
+            logits /= np.float32(cfg.logit_scale)
         return soft_cap(logits, cfg.final_softcap) if cfg.final_softcap else logits
 
     def _fast_layers(self) -> list[DecodeLayer] | None:

@@ -6,6 +6,7 @@ token's FFN output is their weighted sum (llama.cpp's `build_moe_ffn` with softm
     ids    = top-k of p                 (t, k), k = expert_used_count
     w      = p[ids] / sum(p[ids])       (t, k), renormalised where the family says so (qwen3moe: norm_w)
     out[i] = sum_j w[i, j] · down_e(silu(gate_e(h[i])) · up_e(h[i])),  e = ids[i, j]
+           + sigmoid(g_s · h[i]) · down_s(silu(gate_s(h[i])) · up_s(h[i]))   with a shared expert (qwen2moe)
 
 The experts live in three 3-D tensors of the file (n_expert stacked matrices each), left mapped. An expert is a
 `WeightMatrix` view of its rows, made the first time a token chooses it; only then is it repacked (and its
@@ -82,6 +83,9 @@ class RouterFfn:
     down: ExpertTensor  # n_expert × (d, d_ff_exp)
     n_used: int  # experts per token (top-k)
     norm_weights: bool  # renormalise the chosen probabilities to sum to 1
+    # The shared expert every token runs: its gate, up, down and its scalar gate ffn_gate_inp_shexp as a (1, d)
+    # matrix; None without one.
+    shared: tuple[WeightMatrix, WeightMatrix, WeightMatrix, WeightMatrix] | None = None
 
     @classmethod
     def bind(cls, file: GGUFFile, cfg: ModelConfig, layer: int) -> RouterFfn:
@@ -90,15 +94,24 @@ class RouterFfn:
         r = ts[p + "ffn_gate_inp.weight"]
         router = WeightMatrix.from_raw(r.name, r.ggml_type, r.shape[1], r.shape[0], r.data)
         gate, up, down = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
-        return cls(router, gate, up, down, n_used=cfg.n_expert_used, norm_weights=cfg.spec.moe_norm_weights)
+        shared = None
+        if cfg.spec.shared_expert:
+            mats = []
+            for n in ("gate", "up", "down", "gate_inp"):
+                t = ts[p + f"ffn_{n}_shexp.weight"]
+                cols, rows = t.shape if len(t.shape) == 2 else (t.shape[0], 1)
+                mats.append(WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data))
+            shared = (mats[0], mats[1], mats[2], mats[3])
+        return cls(router, gate, up, down, cfg.n_expert_used, cfg.spec.moe_norm_weights, shared)
 
     def apply(self, ops: Any, h: np.ndarray) -> Any:
         """As a layer's FFN variant: the backend's router op (its CPU form is `router_ffn`)."""
         return ops.router_ffn(h, self)
 
     def matrices(self) -> list[WeightMatrix]:
-        """The matrices every token reads: the router. Experts are prepared when first chosen (`ExpertTensor`)."""
-        return [self.router]
+        """The matrices every token reads: the router and the shared expert. Experts are prepared when first chosen
+        (`ExpertTensor`)."""
+        return [self.router, *(self.shared or ())]
 
     def touched(self) -> list[int]:
         """Experts whose weights have been read."""
@@ -149,4 +162,11 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
             u = matmul(ffn.up.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
         y = matmul(ffn.down.expert(e), swiglu(g, u, out=g), rowwise=True)  # (n_e, d)
         out[tokens] += weights.ravel()[slots, None] * y
+    if ffn.shared is not None:
+        gate, up, down, gate_inp = ffn.shared
+        g = matmul(gate, h, rowwise=True)  # (t, d_ff_shexp)
+        u = matmul(up, h, rowwise=True)
+        y = matmul(down, swiglu(g, u, out=g), rowwise=True)  # (t, d)
+        s = matmul(gate_inp, h, rowwise=True)  # (t, 1)
+        out += y / (1.0 + np.exp(-s))  # sigmoid-gated, as llama.cpp's silu(s) / s
     return out

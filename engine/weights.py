@@ -51,10 +51,11 @@ class Weights:
 
     def products(self) -> list[WeightMatrix]:
         """The matrices a token multiplies by: every layer's and the output head (of the embedding, a token
-        reads a single row). Of a mixture-of-experts layer, the router: its experts are prepared when chosen."""
+        reads a single row). Of a mixture-of-experts layer, the router and any shared expert: its experts are
+        prepared when chosen."""
         mats: list[WeightMatrix | None] = [self.output]
         for lw in self.layers:
-            mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down, lw.moe.router if lw.moe else None]
+            mats += [*lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down, *(lw.moe.matrices() if lw.moe else ())]
         return [m for m in mats if m is not None]
 
     def decode_bytes(self) -> int:
@@ -70,6 +71,7 @@ def _fmt(shape: tuple[int, ...]) -> str:
 _UNSUPPORTED_TENSORS = {
     "_exps.": "mixture-of-experts tensors",
     "ffn_gate_inp.": "mixture-of-experts tensors",
+    "_shexp.": "shared-expert tensors",
     "rope_factors_long.": "LongRoPE rope scaling",
     "rope_factors_short.": "LongRoPE rope scaling",
 }
@@ -79,7 +81,8 @@ def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     """Every tensor the architecture needs is present, with the right shape and a type we can run."""
     for name in file.tensors:
         for part, feature in _UNSUPPORTED_TENSORS.items():
-            if part in name and not (cfg.spec.moe and feature.startswith("mixture")):
+            runs = cfg.spec.shared_expert if part == "_shexp." else cfg.spec.moe and feature.startswith("mixture")
+            if part in name and not runs:
                 raise UnsupportedModelError(f"tensor {name}: {feature} are not supported")
     for name, (shape, required) in cfg.expected_tensors().items():
         t = file.tensors.get(name)

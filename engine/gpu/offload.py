@@ -130,6 +130,8 @@ class DeviceOffload:
         xp = self.backend.xp
         h = norm(xp, xp.asarray(x, dtype=xp.float32), self.output_norm)  # (t, d)
         logits = matmul(xp, self.output_w, h)  # (t, n_vocab)
+        if self.cfg.logit_scale != 1.0:
+            logits = logits / self.cfg.logit_scale
         if self.cfg.final_softcap:
             logits = ops.soft_cap(xp, logits, self.cfg.final_softcap)
         return self.backend.to_host(logits)
@@ -169,7 +171,8 @@ class DeviceOps:
         return q, k, v
 
     def head_norm(self, y: Array, n: Norm) -> Array:
-        return norm(self.xp, y, n)  # per head: y (t, heads, hd)
+        t, heads, hd = y.shape  # per head, or per row where the norm spans every head (olmoe)
+        return norm(self.xp, y.reshape(t, -1, n.weight.shape[0]), n).reshape(t, heads, hd)
 
     def rope_and_store(self, q: Array, k: Array, v: Array, layer: LayerSpec) -> Array:
         xp, rope = self.xp, layer.attention.rope
@@ -212,6 +215,8 @@ class DeviceOps:
         # load_model keeps a mixture-of-experts model on the CPU: no such layer reaches a device
         raise NotImplementedError(f"{ffn.router.name}: mixture-of-experts layers do not run on a device yet")
 
-    def residual(self, x: Array, y: Array) -> Array:
+    def residual(self, x: Array, y: Array, scale: float = 1.0) -> Array:
+        if scale != 1.0:
+            y *= scale  # y is a branch's output, no longer needed
         x += y
         return x

@@ -119,6 +119,8 @@ class DecodeLayer:
             and spec.attn_norm.kind == spec.ffn_norm.kind
             and spec.attn_norm.kind in ("rms", "layer")
             and all(n.kind == "rms" for n in inner)  # q/k and post-norms: RMSNorms in the kernel
+            and spec.residual_scale == 1.0
+            and all(n.weight.shape[0] == att.head_dim for n in (att.q_norm, att.k_norm) if n is not None)  # per head
             and all(n.eps == spec.attn_norm.eps for n in norms)  # one eps for every norm
         )
 

@@ -125,6 +125,8 @@ class PromptOps:
 
         return router_ffn(h, ffn)  # (t, d); each row as a single token's, rowwise or not
 
-    def residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def residual(self, x: np.ndarray, y: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        if scale != 1.0:
+            y *= scale  # y is a branch's output, no longer needed
         x += y
         return x

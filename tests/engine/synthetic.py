@@ -58,9 +58,11 @@ class TinyModel:
     attn_softcap: float = 0.0  # gemma2
     final_softcap: float = 0.0
     yarn: tuple[float, int, float] | None = None  # YaRN's (factor, original_context_length, attn_factor)
-    n_expert: int = 0  # qwen3moe: experts per layer, each token running n_expert_used of them
+    n_expert: int = 0  # qwen3moe, olmoe: experts per layer, each token running n_expert_used of them
     n_expert_used: int = 0
     d_ff_exp: int = 0
+    d_ff_shexp: int = 0  # qwen2moe: the shared expert's width
+    granite: tuple[float, float, float, float] | None = None  # embedding, residual, attention, logit scales
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
     @property
@@ -81,6 +83,14 @@ _SHAPES = {
     "qwen3": {"head_dim": 32},
     # Qwen3-30B-A3B's router in miniature: 8 experts, 2 used, each a narrow SwiGLU FFN.
     "qwen3moe": {"head_dim": 32, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64},
+    # OLMoE's q/k norms span the whole rows, which llama.cpp sizes n_embd for k too: as many kv heads as heads.
+    # Qwen1.5-MoE's: 8 experts, 2 used, not renormalised, plus a shared expert of its own width.
+    "qwen2moe": {"n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff_shexp": 96},
+    # Granite 3 MoE's multipliers, of the size its files carry (embedding 12, residual 0.22, attention 1/64),
+    # logit_scale 0.5 so that it bites; experts d_ff wide.
+    "granitemoe": {"n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff": 64,
+                   "granite": (12.0, 0.22, 0.015625, 0.5)},
+    "olmoe": {"n_kv": 4, "n_expert": 8, "n_expert_used": 2, "d_ff_exp": 64, "d_ff": 64},  # experts: d_ff wide
     "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
     "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
 }
@@ -98,8 +108,9 @@ def write_tiny_model(
     tokens, merges, types = tiny_vocab()
     n_vocab = len(tokens)
     shape = dict(_SHAPES.get(arch, {}))
-    m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=2 if arch != "gpt2" else 4,
-                  n_layer=shape.pop("n_layer", 2), d_ff=128, n_ctx=n_ctx, eps=1e-5, yarn=yarn, **shape)  # fmt: skip
+    m = TinyModel(arch, path, n_vocab, d=64, n_head=4, n_kv=shape.pop("n_kv", 2 if arch != "gpt2" else 4),
+                  n_layer=shape.pop("n_layer", 2), d_ff=shape.pop("d_ff", 128), n_ctx=n_ctx, eps=1e-5, yarn=yarn,
+                  **shape)  # fmt: skip
     hd = m.hd
     writer = gguf.GGUFWriter(str(path), "llama" if arch == "llama3" else arch)
     writer.add_context_length(m.n_ctx)
@@ -122,7 +133,15 @@ def write_tiny_model(
     if m.n_expert:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
-        writer.add_expert_feed_forward_length(m.d_ff_exp)
+        if arch not in ("olmoe", "granitemoe"):  # these have experts feed_forward_length wide, the key they read
+            writer.add_expert_feed_forward_length(m.d_ff_exp)
+        if m.d_ff_shexp:
+            writer.add_expert_shared_feed_forward_length(m.d_ff_shexp)
+    if m.granite:
+        writer.add_embedding_scale(m.granite[0])
+        writer.add_residual_scale(m.granite[1])
+        writer.add_attention_scale(m.granite[2])
+        writer.add_logit_scale(m.granite[3])
     if m.attn_softcap:
         writer.add_attn_logit_softcapping(m.attn_softcap)
         writer.add_final_logit_softcapping(m.final_softcap)
@@ -200,15 +219,23 @@ def write_tiny_model(
                 matrix(p + "ffn_gate_exps.weight", m.d_ff_exp, m.d, m.n_expert)
                 matrix(p + "ffn_up_exps.weight", m.d_ff_exp, m.d, m.n_expert)
                 matrix(p + "ffn_down_exps.weight", m.d, m.d_ff_exp, m.n_expert)
+                if m.d_ff_shexp:
+                    vector(p + "ffn_gate_inp_shexp.weight", m.d, 0.0)
+                    matrix(p + "ffn_gate_shexp.weight", m.d_ff_shexp, m.d)
+                    matrix(p + "ffn_up_shexp.weight", m.d_ff_shexp, m.d)
+                    matrix(p + "ffn_down_shexp.weight", m.d, m.d_ff_shexp)
             else:
                 matrix(p + "ffn_gate.weight", m.d_ff, m.d)
             if arch in ("qwen3", "qwen3moe", "gemma3"):
                 vector(p + "attn_q_norm.weight", hd, 1.0)
                 vector(p + "attn_k_norm.weight", hd, 1.0)
+            if arch == "olmoe":  # over the whole rows
+                vector(p + "attn_q_norm.weight", m.n_head * hd, 1.0)
+                vector(p + "attn_k_norm.weight", m.n_kv * hd, 1.0)
             if arch in GEMMA:
                 vector(p + "post_attention_norm.weight", m.d, 1.0)
                 vector(p + "post_ffw_norm.weight", m.d, 1.0)
-            if arch == "qwen2":
+            if arch in ("qwen2", "qwen2moe"):
                 vector(p + "attn_q.bias", m.n_head * hd, 0.0)
                 vector(p + "attn_k.bias", m.n_kv * hd, 0.0)
                 vector(p + "attn_v.bias", m.n_kv * hd, 0.0)
@@ -251,8 +278,10 @@ def rope_angle(
     return theta, mscale
 
 
-def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
-    """Float64 logits (len(ids), n_vocab), every position attending to all earlier ones, recomputed."""
+def reference_logits(m: TinyModel, ids: list[int], router_gaps: np.ndarray | None = None) -> np.ndarray:
+    """Float64 logits (len(ids), n_vocab), every position attending to all earlier ones, recomputed.
+    router_gaps (len(ids),), where given: set to each token's smallest margin, over the layers, between the last
+    expert chosen and the first not chosen (router logits), where int8 rounding elsewhere can flip the choice."""
     w = m.w
     hd = m.hd
     group = m.n_head // m.n_kv
@@ -262,7 +291,9 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
         x = x + w["position_embd.weight"][:t]
     if m.arch in GEMMA:
         x = x * np.sqrt(m.d)
-    neox = m.arch in ("qwen2", "qwen3", "qwen3moe", *GEMMA)
+    embed, residual, attn_scale, logit_scale = m.granite or (1.0, 1.0, 1 / np.sqrt(hd), 1.0)
+    x = x * embed
+    neox = m.arch in ("qwen2", "qwen3", "qwen3moe", "olmoe", "qwen2moe", *GEMMA)
 
     def gelu(u: np.ndarray) -> np.ndarray:
         return 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
@@ -297,8 +328,10 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
             q, k, v = qkv[:, : m.d], qkv[:, m.d : 2 * m.d], qkv[:, 2 * m.d :]
         else:
             q, k, v = (h @ w[p + f"attn_{n}.weight"].T for n in "qkv")
-            if m.arch == "qwen2":
+            if m.arch in ("qwen2", "qwen2moe"):
                 q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+            if m.arch == "olmoe":  # RMSNorm of each token's whole q and k rows, before the heads are split
+                q, k = rms(q, w[p + "attn_q_norm.weight"]), rms(k, w[p + "attn_k_norm.weight"])
         q = q.reshape(t, m.n_head, hd)
         k = k.reshape(t, m.n_kv, hd)
         v = v.reshape(t, m.n_kv, hd)
@@ -313,7 +346,7 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
             lo = max(0, pos - m.window + 1) if local else 0  # the window: the last `window` positions
             for head in range(m.n_head):
                 kv = head // group
-                scores = k[lo : pos + 1, kv] @ q[pos, head] / np.sqrt(hd)  # (pos+1-lo,)
+                scores = k[lo : pos + 1, kv] @ q[pos, head] * attn_scale  # (pos+1-lo,)
                 if m.attn_softcap:
                     scores = m.attn_softcap * np.tanh(scores / m.attn_softcap)
                 p_att = np.exp(scores - scores.max())
@@ -324,24 +357,24 @@ def reference_logits(m: TinyModel, ids: list[int]) -> np.ndarray:
             o = o + w[p + "attn_output.bias"]
         if m.arch in GEMMA:
             o = norm(o, p + "post_attention_norm")
-        x = x + o
+        x = x + residual * o
         h = norm(x, p + "ffn_norm")
         if m.arch == "gpt2":
             u = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
             u = gelu(u)
             f = u @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
         elif m.n_expert:
-            f = moe_ffn(m, h, p)
+            f = moe_ffn(m, h, p, router_gaps)
         else:
             g = h @ w[p + "ffn_gate.weight"].T
             act = gelu(g) if m.arch in GEMMA else g / (1 + np.exp(-g))
             f = (act * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         if m.arch in GEMMA:
             f = norm(f, p + "post_ffw_norm")
-        x = x + f
+        x = x + residual * f
     x = norm(x, "output_norm")
     out = w.get("output.weight") if "output.weight" in w else w["token_embd.weight"]
-    logits = x @ out.T
+    logits = x @ out.T / logit_scale
     if m.final_softcap:
         logits = m.final_softcap * np.tanh(logits / m.final_softcap)
     return logits
@@ -363,10 +396,11 @@ def rewrite_model(src: Path, dst: Path, change_tensor) -> None:
     writer.close()
 
 
-def moe_ffn(m: TinyModel, h: np.ndarray, p: str) -> np.ndarray:
+def moe_ffn(m: TinyModel, h: np.ndarray, p: str, router_gaps: np.ndarray | None = None) -> np.ndarray:
     """Qwen3-MoE's sparse block (transformers' Qwen3MoeSparseMoeBlock, norm_topk_prob): h (t, d) float64 ->
     (t, d), token by token: softmax over the router's logits, the top n_expert_used experts, their
-    probabilities renormalised to sum to 1, and the weighted sum of those experts' SwiGLU FFNs."""
+    probabilities renormalised to sum to 1 (not for OLMoE, whose norm_topk_prob is false), and the weighted sum
+    of those experts' SwiGLU FFNs."""
     w = m.w
     out = np.zeros_like(h)
     for i, x in enumerate(h):
@@ -374,8 +408,17 @@ def moe_ffn(m: TinyModel, h: np.ndarray, p: str) -> np.ndarray:
         prob = np.exp(logits - logits.max())
         prob /= prob.sum()
         top = np.argsort(-prob)[: m.n_expert_used]
-        for e, weight in zip(top, prob[top] / prob[top].sum(), strict=True):
+        if router_gaps is not None:
+            ranked = np.sort(logits)[::-1]  # (n_expert,)
+            gap = ranked[m.n_expert_used - 1] - ranked[m.n_expert_used]
+            router_gaps[i] = gap if p == "blk.0." else min(router_gaps[i], gap)
+        chosen = prob[top] / prob[top].sum() if m.arch in ("qwen3moe", "granitemoe") else prob[top]
+        for e, weight in zip(top, chosen, strict=True):
             g = w[p + "ffn_gate_exps.weight"][e] @ x  # (d_ff_exp,)
             u = w[p + "ffn_up_exps.weight"][e] @ x
             out[i] += weight * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
+        if m.d_ff_shexp:  # Qwen2-MoE's shared expert, gated by sigmoid(ffn_gate_inp_shexp · x)
+            g, u = w[p + "ffn_gate_shexp.weight"] @ x, w[p + "ffn_up_shexp.weight"] @ x  # (d_ff_shexp,)
+            gate = 1 / (1 + np.exp(-(w[p + "ffn_gate_inp_shexp.weight"] @ x)))
+            out[i] += gate * (w[p + "ffn_down_shexp.weight"] @ (g / (1 + np.exp(-g)) * u))
     return out
