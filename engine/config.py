@@ -136,7 +136,9 @@ class ModelConfig:
         granite = (1.0, 1.0, 1.0)  # embedding, residual, logit scales
         if spec.granite_scales:  # llama.cpp: a missing or zero attention.scale keeps 1/√head_dim
             attn_scale = float(key("attention.scale", float, 0.0)) or attn_scale
-            granite = tuple(float(key(k, float, 1.0)) for k in ("embedding_scale", "residual_scale", "logit_scale"))
+            names = ("embedding_scale", "residual_scale", "logit_scale")
+            embedding, residual, logit = (float(key(k, float, 1.0)) for k in names)
+            granite = (embedding, residual, logit)
             if not all(math.isfinite(v) and v > 0 for v in (*granite, attn_scale)):
                 raise ModelFileError(f"metadata {arch}: scales {granite} or attention.scale {attn_scale} not sane")
         softcaps = (0.0, 0.0)
