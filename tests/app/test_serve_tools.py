@@ -5,7 +5,6 @@ short (temperature 0, small max_tokens)."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,20 +181,14 @@ def test_run_with_api_base_prints_the_calls(server, tmp_path: Path) -> None:
 def test_run_with_api_base_runs_mcp_server_time_calls_here(server, tmp_path: Path) -> None:
     """Issue 45 on a remote model: `chatapp run --api-base` sends the MCP tools to the server, runs the server's
     tool_calls here (the real mcp-server-time from PyPI), sends the results back and prints the answer."""
-    from tests.app.test_tools_real_model import QUESTION, TIME, hh_mm
+    from tests.app.test_tools_real_model import QUESTION, assert_the_tool_told_the_time, time_config
     from tests.app.test_tools_real_model import SYSTEM as PLAIN_ANSWER
 
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"time": {"command": TIME.command, "args": list(TIME.args)}}}))
+    config = time_config(tmp_path)
     done = subprocess.run(
         [PYTHON, "-m", "chatapp", "run", "--api-base", f"{server.url}/v1", "--chat", "-p", QUESTION,
          "--system", PLAIN_ANSWER, "--mcp-config", str(config), "--yes", "--temp", "0", "--seed", "1", "-n", "200"],
         cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "chatapp: 2 tools: get_current_time (time), convert_time (time)" in done.stderr
-    assert re.search(r"chatapp: tool call: get_current_time on time .*Asia/Tokyo", done.stderr), done.stderr
-    results = re.findall(r"tool result: get_current_time \(\d+ ms\): (\{.*\})", done.stderr)
-    assert results and "run get_current_time" not in done.stderr  # --yes: nothing was asked
-    assert hh_mm(results[-1]) in done.stdout, (done.stdout, results[-1])
+    assert_the_tool_told_the_time(done)
     assert f"on chatapp serve at {server.url.removeprefix('http://')}" in done.stderr  # it was the server's reply

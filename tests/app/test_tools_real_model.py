@@ -28,6 +28,24 @@ def hh_mm(result: str) -> str:
     """The hour and minute of mcp-server-time's answer ("2026-12-06T11:23:23+09:00" -> "11:23")."""
     return json.loads(result)["datetime"][11:16]
 
+def time_config(folder: Path) -> Path:
+    """An --mcp-config file in `folder` with the real mcp-server-time as "time"."""
+    config = folder / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": TIME.command, "args": list(TIME.args)}}}))
+    return config
+
+
+def assert_the_tool_told_the_time(done: subprocess.CompletedProcess[str]) -> None:
+    """`run --chat --mcp-config time --yes` listed the tools, called get_current_time for Tokyo unasked, and
+    its answer states the time the tool returned."""
+    assert done.returncode == 0, done.stderr
+    assert "chatapp: 2 tools: get_current_time (time), convert_time (time)" in done.stderr
+    assert re.search(r"chatapp: tool call: get_current_time on time .*Asia/Tokyo", done.stderr), done.stderr
+    results = re.findall(r"tool result: get_current_time \(\d+ ms\): (\{.*\})", done.stderr)
+    assert results and "run get_current_time" not in done.stderr  # --yes: nothing was asked
+    assert hh_mm(results[-1]) in done.stdout, (done.stdout, results[-1])
+
+
 
 async def test_the_app_calls_mcp_server_time_after_approval(qwen15_path: Path, tmp_path: Path):
     from chatapp.tui.app import ChatApp
@@ -59,15 +77,9 @@ async def test_the_app_calls_mcp_server_time_after_approval(qwen15_path: Path, t
 
 
 def test_run_chat_with_mcp_config_and_yes(qwen15_path: Path, tmp_path: Path):
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"time": {"command": TIME.command, "args": list(TIME.args)}}}))
+    config = time_config(tmp_path)
     command = [PYTHON, "-m", "chatapp", "run", "--chat", "-m", str(qwen15_path), "-c", "2048", "--temp", "0",
                "-n", "200", "--system", SYSTEM, "--mcp-config", str(config), "--yes", "-p", QUESTION]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=child_env(tmp_path), capture_output=True, text=True, timeout=900,
                           stdin=subprocess.DEVNULL)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "chatapp: 2 tools: get_current_time (time), convert_time (time)" in done.stderr
-    assert re.search(r"chatapp: tool call: get_current_time on time .*Asia/Tokyo", done.stderr), done.stderr
-    results = re.findall(r"tool result: get_current_time \(\d+ ms\): (\{.*\})", done.stderr)
-    assert results and "run get_current_time" not in done.stderr  # --yes: nothing was asked
-    assert hh_mm(results[-1]) in done.stdout, (done.stdout, results[-1])
+    assert_the_tool_told_the_time(done)
