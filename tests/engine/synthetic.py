@@ -422,3 +422,10 @@ def moe_ffn(m: TinyModel, h: np.ndarray, p: str, router_gaps: np.ndarray | None 
             gate = 1 / (1 + np.exp(-(w[p + "ffn_gate_inp_shexp.weight"] @ x)))
             out[i] += gate * (w[p + "ffn_down_shexp.weight"] @ (g / (1 + np.exp(-g)) * u))
     return out
+
+
+def copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> None:
+    """Every key of `reader`'s file into `writer`, but the header's and the architecture (the writer has its own)."""
+    for f in reader.fields.values():
+        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
+            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)

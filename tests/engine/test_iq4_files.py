@@ -171,15 +171,13 @@ def test_types_still_not_run_are_refused_in_one_line(tmp_path: Path) -> None:
 
     assert not {T.IQ1_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.MXFP4} & SUPPORTED_TYPES
 
-    from .synthetic import write_tiny_model
+    from .synthetic import copy_metadata, write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "ok.gguf", "llama", matrix_type=T.F32)
     path = tmp_path / "mxfp4.gguf"
     reader = gguf.GGUFReader(tiny.path)
     writer = gguf.GGUFWriter(str(path), "llama")
-    for f in reader.fields.values():
-        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
-            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    copy_metadata(reader, writer)
     for t in reader.tensors:
         if t.name == "blk.0.ffn_up.weight":  # (128, 64): two MXFP4 blocks of 17 bytes a row
             writer.add_tensor(t.name, np.zeros((128, 34), np.uint8), raw_dtype=T.MXFP4)
