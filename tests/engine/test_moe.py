@@ -20,6 +20,7 @@ from engine.kernels import WeightMatrix, float_products, pages
 from engine.moe import ExpertTensor, RouterFfn, route, router_ffn
 from tests.engine.compare import FLOAT_REFERENCE_BOUND, REFERENCE_BOUNDS, assert_matches_reference
 from tests.engine.synthetic import TinyModel, moe_ffn, reference_logits, write_tiny_model
+from tests.engine.test_kernels import _present_pages
 
 Q8_BOUND = 0.025  # router FFN on Q8_0 experts against float64, of the largest |value| (measured below)
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "synthetic-moe-llama-cpp.npz"
@@ -183,16 +184,6 @@ def test_an_expert_is_a_view_of_the_mapped_file(tiny) -> None:
 def _rss_bytes() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
-def _present_pages(a: np.ndarray) -> int:
-    """Pages under `a` mapped into this process now (/proc/self/pagemap's present bit)."""
-    page = 4096
-    lo, hi = a.ctypes.data // page, -(-(a.ctypes.data + a.nbytes) // page)
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(lo * 8)
-        entries = np.frombuffer(f.read((hi - lo) * 8), dtype=np.uint64)
-    return int(((entries >> np.uint64(63)) & np.uint64(1)).sum())
 
 
 @pytest.mark.skipif(not pages.is_supported(), reason="page residency is read from Linux /proc")
