@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from engine.cache_types import CACHE_TYPES
+
 from .cli_common import EXIT_INTERRUPTED, EXIT_USAGE, BackendCli, CliError, reply_constraint, say
 from .local_cli import LOCAL, load, resolve_model_path
 from .remote_cli import REMOTE
@@ -55,7 +57,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="the same tokens give the same logits however the cache computed them (greedy replies repeat); "
         "slower prefill",
     )  # fmt: skip
-    # Both checked by the settings schema (one-line errors), not by argparse.
+    # Checked by the settings schema (one-line errors), not by argparse.
+    for short, name, what in (("-ctk", "k", "keys"), ("-ctv", "v", "values")):
+        p.add_argument(
+            short, f"--cache-type-{name}", dest=f"cache_type_{name}", metavar="TYPE",
+            help=f"how the KV cache stores {what}: {' or '.join(CACHE_TYPES)} (default f16; q8_0 halves its memory)",
+        )  # fmt: skip
     p.add_argument("--device", help="auto (a CUDA GPU when CuPy finds one; the default), cpu or cuda")
     p.add_argument(
         "-ngl", "--gpu-layers", dest="gpu_layers", metavar="N",
@@ -139,7 +146,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = (
         "model", "n_ctx", "threads", "device", "gpu_layers", "system_prompt", "temperature", "top_k", "top_p",
         "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "max_tokens",
-        "deterministic",
+        "deterministic", "cache_type_k", "cache_type_v",
     )  # fmt: skip
     given = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if getattr(args, "mcp_config", None):

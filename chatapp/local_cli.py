@@ -85,6 +85,8 @@ def load(
         device=settings.device,
         gpu_layers=settings.gpu_layers,
         requantize=requantize,
+        cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v,
     )
     model.deterministic = settings.deterministic
     if model.device != "cpu":

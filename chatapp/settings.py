@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from chatapp import paths
 from chatapp.mcp.config import McpConfigError, McpSettings, add_servers, read_mcp_json, settings_from_table
+from engine.cache_types import CACHE_TYPES
 
 if TYPE_CHECKING:
     from engine.sampling import SamplingSettings
@@ -73,6 +74,8 @@ class AppSettings:
     draft_type: str = "file"  # a draft model's matrices as stored, or re-encoded at load to this type ("q4_0")
     lookup: bool = False  # prompt lookup: guesses from n-gram matches in the conversation itself
     deterministic: bool = False  # prompts computed row by row as decoding does: logits independent of the cache
+    cache_type_k: str = "f16"  # how the KV cache stores keys: f16 or q8_0 (llama.cpp's -ctk)
+    cache_type_v: str = "f16"  # and values (-ctv); q8_0 halves the cache's memory
     kv_cache_mb: int = 1024  # size limit of the folder of saved KV caches (least recently used go); 0 = none
     theme: str = "textual-dark"  # the app's look; the app saves the user's pick (ctrl+p → theme) in config.toml
     models_folder: str = ""  # a folder of the user's own .gguf files, offered by the model picker; "" = none
@@ -109,6 +112,8 @@ _TOP_RULES: dict[str, _Rule] = {
     "lookup": _Rule(bool),
     "deterministic": _Rule(bool),
     "kv_cache_mb": _Rule(int, lambda v: v >= 0, "≥ 0 (0 = never save a KV cache)"),
+    "cache_type_k": _Rule(str, lambda v: v.strip().lower() in CACHE_TYPES, f"one of {', '.join(CACHE_TYPES)}"),
+    "cache_type_v": _Rule(str, lambda v: v.strip().lower() in CACHE_TYPES, f"one of {', '.join(CACHE_TYPES)}"),
 }
 
 _REMOTE_RULES: dict[str, _Rule] = {

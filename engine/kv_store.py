@@ -4,9 +4,11 @@ A file holds one session's cache for its first n positions, and everything neede
 
     b"CHATKV1\\n" · header length (8 bytes, little-endian) · header (JSON) · payload · sha256 of all before it
 
-The header names the model file's sha256, the chat template's sha256, the token ids and the cache's shape;
-the payload is K then V, float16, (layers, kv heads, n, head_dim) each. The trailing digest covers header and
-payload, so a truncated, damaged or edited file is refused, and so is any file whose model, template or ids are
+The header names the model file's sha256, the chat template's sha256, the token ids, the cache's shape and its types
+(`cache_types`: K's and V's, engine/cache_types.py; a file without them is f16's); the payload is K then V, (layers,
+kv heads, n, row) each, rows as their type stores them (head_dim float16, or q8_0 blocks). A file of other cache
+types than the session's is never read into it: the prompt is evaluated instead. The trailing digest covers header
+and payload, so a truncated, damaged or edited file is refused, and so is any file whose model, template or ids are
 not this session's: the caller then evaluates the prompt as if nothing was saved. Never a wrong cache.
 
 Files are written to a temporary name, synced and renamed, so a crash (kill -9) mid-write leaves the previous
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .cache_types import type_of
 from .sequences import common_prefix
 
 if TYPE_CHECKING:
@@ -53,10 +56,21 @@ class Saved:
     tokens: tuple[int, ...]
     size: int  # bytes on disk
     used: float  # last use (save or successful load), seconds since the epoch
+    cache_types: tuple[str, str] = ("f16", "f16")  # how K and V are stored
 
 
 def template_sha256(template_source: str) -> str:
     return hashlib.sha256(template_source.encode("utf-8")).hexdigest()
+
+
+def _types(header: dict[str, Any]) -> tuple[str, str]:
+    """A header's (K, V) cache types; a file written before there were types is f16's (its dtype says so)."""
+    types = header.get("cache_types")
+    if types is None:
+        return ("f16", "f16") if header.get("dtype") == "float16" else ("?", "?")
+    if not isinstance(types, list) or len(types) != 2 or not all(isinstance(t, str) for t in types):
+        return ("?", "?")
+    return types[0], types[1]
 
 
 class KVStore:
@@ -111,11 +125,12 @@ class KVStore:
             "model_sha256": model_sha,
             "template_sha256": template_sha,
             "tokens": tokens,
-            "shape": [k.shape[0], k.shape[1], n, k.shape[3]],
-            "dtype": "float16",
+            "shape": [k.shape[0], k.shape[1], n, session.model.cfg.head_dim],
+            "cache_types": [session.cache.type_k, session.cache.type_v],
         }
         head = json.dumps(header).encode("utf-8")
-        name = hashlib.sha256(f"{model_sha}:{template_sha}:{tokens}".encode()).hexdigest()[:32] + SUFFIX
+        types = f"{session.cache.type_k}:{session.cache.type_v}"
+        name = hashlib.sha256(f"{model_sha}:{template_sha}:{types}:{tokens}".encode()).hexdigest()[:32] + SUFFIX
         path = self.folder / name
 
         def parts():
@@ -125,8 +140,9 @@ class KVStore:
                     yield np.ascontiguousarray(arr[layer, :, :n]).tobytes()  # (kv heads, n, hd)
 
         self._atomic_write(path, parts(), digest=True)
+        same = (model_sha, template_sha, (session.cache.type_k, session.cache.type_v))
         for other in self.entries():
-            if other.path != path and (other.model_sha256, other.template_sha256) == (model_sha, template_sha):
+            if other.path != path and (other.model_sha256, other.template_sha256, other.cache_types) == same:
                 if tuple(tokens[: len(other.tokens)]) == other.tokens:  # a prefix of this save: redundant
                     other.path.unlink(missing_ok=True)
         self.evict(keep=path)
@@ -141,8 +157,9 @@ class KVStore:
             return 0
         have = common_prefix(session.tokens, prompt)
         best, best_n = None, have + max(at_least, 1) - 1
+        types = (session.cache.type_k, session.cache.type_v)
         for entry in self.entries():
-            if (entry.model_sha256, entry.template_sha256) != (model_sha, template_sha):
+            if (entry.model_sha256, entry.template_sha256, entry.cache_types) != (model_sha, template_sha, types):
                 continue
             n = common_prefix(entry.tokens, prompt)
             if n > best_n:
@@ -182,17 +199,22 @@ class KVStore:
             layers, n_kv, n, hd = (int(x) for x in header["shape"])
         except (ValueError, KeyError, TypeError):
             return None
-        ck = session.cache.k
+        ck, cv = session.cache.k, session.cache.v
         expected = (header.get("version"), header.get("model_sha256"), header.get("template_sha256"))
-        if expected != (VERSION, model_sha, template_sha) or header.get("dtype") != "float16":
+        if expected != (VERSION, model_sha, template_sha) or _types(header) != (type_of(ck), type_of(cv)):
+            return None  # never bytes read as another type
+        if (layers, n_kv, hd) != (ck.shape[0], ck.shape[1], session.model.cfg.head_dim):
             return None
-        if (layers, n_kv, hd) != (ck.shape[0], ck.shape[1], ck.shape[3]) or n != len(tokens) or n > ck.shape[2]:
+        if n != len(tokens) or n > ck.shape[2]:
             return None
-        payload = np.frombuffer(data, dtype=np.float16, offset=start + n_head, count=2 * layers * n_kv * n * hd)
-        if start + n_head + payload.nbytes + DIGEST != len(data):
+        offset, parts = start + n_head, []
+        for cache in (ck, cv):  # K then V, (layers, n_kv, n, width) of the cache's dtype
+            part = np.frombuffer(data, dtype=cache.dtype, offset=offset, count=layers * n_kv * n * cache.shape[3])
+            parts.append(part.reshape(layers, n_kv, n, cache.shape[3]))
+            offset += part.nbytes
+        if offset + DIGEST != len(data):
             return None
-        kv = payload.reshape(2, layers, n_kv, n, hd)
-        return tokens, kv[0], kv[1]
+        return tokens, parts[0], parts[1]
 
     # -- the folder ----------------------------------------------------------------------------------------
 
@@ -211,7 +233,7 @@ class KVStore:
                     header = json.loads(f.read(n_head))
                 tokens = tuple(int(t) for t in header["tokens"])
                 out.append(Saved(path, str(header["model_sha256"]), str(header["template_sha256"]), tokens,
-                                 st.st_size, st.st_mtime))  # fmt: skip
+                                 st.st_size, st.st_mtime, _types(header)))  # fmt: skip
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return out

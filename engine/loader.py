@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from gguf import GGMLQuantizationType
 
 from . import prompt_compile, runtime
+from .cache_types import check_cache_type, row_bytes
 from .config import ModelConfig
 from .errors import ModelFileError, SettingsError
 from .footprint import (
@@ -52,6 +53,8 @@ def load_model(
     gpu_layers: int = -1,
     compile_kernels: bool = True,
     requantize: GGMLQuantizationType | None = None,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
 ) -> Model:
     """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages.
 
@@ -64,6 +67,8 @@ def load_model(
     path in a second process, engine.prompt_compile). False leaves them to the first use.
     requantize: a type of engine.requantize.TYPES: the CPU's matrices re-encoded to it where that has fewer bits
     (a draft model's: its guesses are checked, so bytes matter more than precision). Not with a GPU.
+    cache_type_k, cache_type_v: how the KV cache stores keys and values, engine.cache_types.CACHE_TYPES ("f16",
+    "q8_0"), as llama.cpp's -ctk and -ctv.
     """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -71,6 +76,8 @@ def load_model(
         raise SettingsError(f"context size must be a positive number of tokens (got {n_ctx!r})")
     if not isinstance(gpu_layers, int) or isinstance(gpu_layers, bool) or gpu_layers < -1:
         raise SettingsError(f"gpu layers must be -1 (all) or a number of layers >= 0 (got {gpu_layers!r})")
+    cache_type_k = check_cache_type(cache_type_k, "cache type K")
+    cache_type_v = check_cache_type(cache_type_v, "cache type V")
     device = normalize_device(device)
     backend, why_not = pick_backend(device) if gpu_layers != 0 else (None, "")
     runtime.configure_numba()
@@ -94,7 +101,8 @@ def load_model(
         n_ctx = cfg.n_ctx_train
     n_device, with_output = split_layers(gpu_layers, cfg.n_layer) if backend is not None else (0, False)
     cache_rows = sum(cfg.cache_rows(li, n_ctx) for li in range(n_device, cfg.n_layer))  # rings: their window only
-    cache_bytes = 2 * 2 * cfg.n_kv_head * cfg.head_dim * cache_rows
+    row = row_bytes(cache_type_k, cfg.head_dim) + row_bytes(cache_type_v, cfg.head_dim)  # one position, K and V
+    cache_bytes = cfg.n_kv_head * row * cache_rows
     if cache_bytes > _MAX_CACHE_SHARE * _physical_memory():
         raise SettingsError(
             f"a context of {n_ctx} tokens needs {cache_bytes / 2**30:.1f} GiB of KV cache, "
@@ -131,6 +139,7 @@ def load_model(
             device=device,
             requantized=requantized,
         )
+        model.cache_type_k, model.cache_type_v = cache_type_k, cache_type_v
         if compile_kernels:
             _compile(model, helper, first_start, started.isa, say)
     finally:

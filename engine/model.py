@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
+from .cache_types import row_layout
 from .config import PREFILL_CHUNK, ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
@@ -53,7 +54,9 @@ class Offload(Protocol):
     n_layers: int
     runs_output: bool
 
-    def new_cache(self, n_ctx: int) -> object: ...
+    def new_cache(self, n_ctx: int, type_k: str, type_v: str) -> object:
+        """The offloaded layers' cache for n_ctx positions, keys and values stored as those cache types."""
+        ...
 
     def forward_layers(self, x: np.ndarray, cache: object, start: int) -> np.ndarray:
         """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
@@ -66,21 +69,26 @@ class Offload(Protocol):
 
 class KVCache:
     """Keys and values for n_ctx positions, allocated once: the CPU layers' here, the offloaded layers' in
-    `device` (None without offload). Stored as float16, as llama.cpp's default cache: the forward pass rounds
-    k and v to float16 anyway, so the cache is exact at half the memory of float32. A sliding-window layer
-    keeps only a ring of `cfg.cache_rows` positions (position p in row p % rows); `k[i]`, `v[i]` are layer
-    first + i's (n_kv, rows, hd) either way."""
+    `device` (None without offload). Stored as `type_k` and `type_v` (engine/cache_types.py): f16 by default,
+    as llama.cpp's default cache (the forward pass rounds k and v to float16 anyway, so that cache is exact at
+    half the memory of float32), or q8_0 blocks at 53 % of that. A sliding-window layer keeps only a ring of
+    `cfg.cache_rows` positions (position p in row p % rows); `k[i]`, `v[i]` are layer first + i's
+    (n_kv, rows, width) either way: width hd float16, or hd/32·34 bytes."""
 
-    def __init__(self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None):
+    def __init__(
+        self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None, type_k: str = "f16", type_v: str = "f16"
+    ):
         first = offload.n_layers if offload is not None else 0
         rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
-        if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, hd)
-            shape = (len(rows), cfg.n_kv_head, n_ctx, cfg.head_dim)
-            self.k, self.v = small_page_zeros(shape, np.float16), small_page_zeros(shape, np.float16)
-        else:  # per layer (kv head, row, hd), the rings shorter
-            self.k = [small_page_zeros((cfg.n_kv_head, r, cfg.head_dim), np.float16) for r in rows]
-            self.v = [small_page_zeros((cfg.n_kv_head, r, cfg.head_dim), np.float16) for r in rows]
-        self.device = offload.new_cache(n_ctx) if offload is not None else None
+        (dtype_k, width_k), (dtype_v, width_v) = row_layout(type_k, cfg.head_dim), row_layout(type_v, cfg.head_dim)
+        if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, width)
+            self.k = small_page_zeros((len(rows), cfg.n_kv_head, n_ctx, width_k), dtype_k)
+            self.v = small_page_zeros((len(rows), cfg.n_kv_head, n_ctx, width_v), dtype_v)
+        else:  # per layer (kv head, row, width), the rings shorter
+            self.k = [small_page_zeros((cfg.n_kv_head, r, width_k), dtype_k) for r in rows]
+            self.v = [small_page_zeros((cfg.n_kv_head, r, width_v), dtype_v) for r in rows]
+        self.type_k, self.type_v = type_k, type_v
+        self.device = offload.new_cache(n_ctx, type_k, type_v) if offload is not None else None
         self.n_ctx = n_ctx
         # Positions a ring keeps (None: no ring, every position stays), and how far back a query looks.
         self.ring_rows = min((cfg.cache_rows(li, n_ctx) for li in range(cfg.n_layer) if cfg.local[li]), default=None)
@@ -150,6 +158,9 @@ class Model:
         # cache held before. Off by default: one-token attention rows cost Qwen2.5-Coder-1.5B's prefill far more
         # than 5 % past a few hundred positions (benchmarks/results/deterministic-prefill-intel-xeon.md).
         self.deterministic = False
+        # The KV cache's types (engine/cache_types.py, llama.cpp's -ctk/-ctv): of every cache made from here on.
+        self.cache_type_k = "f16"
+        self.cache_type_v = "f16"
         self._decode_layers: list[DecodeLayer] | Literal[False] | None = False  # False: not built yet (_fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
@@ -183,12 +194,16 @@ class Model:
             raise SettingsError(f"session context {n_ctx} must be between 1 and the model's {self.n_ctx}")
         return Session(self, n_ctx or self.n_ctx)
 
+    def new_cache(self, n_ctx: int) -> KVCache:
+        """An empty KV cache of n_ctx positions, of the model's cache types."""
+        return KVCache(self.cfg, n_ctx, self.offload, self.cache_type_k, self.cache_type_v)
+
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of `ids` in a fresh context: float32 (len(ids), n_vocab)."""
         ids = self._check_ids(ids)
         if len(ids) > self.n_ctx:
             raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        cache = KVCache(self.cfg, len(ids), self.offload)
+        cache = self.new_cache(len(ids))
         parts = [
             self.forward(ids[i : i + PREFILL_CHUNK], cache, i, last_only=False)
             for i in range(0, len(ids), PREFILL_CHUNK)
@@ -275,7 +290,7 @@ class Session:
 
     def __init__(self, model: Model, n_ctx: int):
         self.model = model
-        self.cache = KVCache(model.cfg, n_ctx, model.offload)
+        self.cache = model.new_cache(n_ctx)
         self.tokens: list[int] = []  # ids whose K/V are in the cache, in order
 
     @property

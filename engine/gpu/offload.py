@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import cache_types
+from ..cache_types import row_layout
 from ..config import ModelConfig
 from ..kernels import WeightMatrix
 from ..layer import (
@@ -35,17 +37,22 @@ Array = Any  # an xp.ndarray
 
 
 class DeviceCache:
-    """Keys and values of the offloaded layers for n_ctx positions, in float16 on the device.
+    """Keys and values of the offloaded layers for n_ctx positions on the device, each stored as its cache type
+    (engine/cache_types.py): float16, or q8_0 blocks (bytes).
 
     The CPU engine rounds keys and values to float16 before it caches them (as llama.cpp's F16 cache does),
-    so storing halves keeps exactly the same values in half the memory.
+    so storing halves keeps exactly the same values in half the memory; q8_0 rows are quantized as the CPU's.
     """
 
-    def __init__(self, backend: Backend, cfg: ModelConfig, n_layers: int, n_ctx: int):
+    def __init__(
+        self, backend: Backend, cfg: ModelConfig, n_layers: int, n_ctx: int, type_k: str = "f16", type_v: str = "f16"
+    ):
         xp = backend.xp
-        shapes = [(cfg.n_kv_head, cfg.cache_rows(li, n_ctx), cfg.head_dim) for li in range(n_layers)]
-        self.k = [xp.zeros(shape, dtype=xp.float16) for shape in shapes]  # per layer (kv head, row, hd)
-        self.v = [xp.zeros(shape, dtype=xp.float16) for shape in shapes]
+        rows = [cfg.cache_rows(li, n_ctx) for li in range(n_layers)]
+        (dtype_k, width_k), (dtype_v, width_v) = row_layout(type_k, cfg.head_dim), row_layout(type_v, cfg.head_dim)
+        self.k = [xp.zeros((cfg.n_kv_head, r, width_k), dtype=dtype_k) for r in rows]  # per layer (kv head, row, width)
+        self.v = [xp.zeros((cfg.n_kv_head, r, width_v), dtype=dtype_v) for r in rows]
+        self.type_k, self.type_v = type_k, type_v
         self.n_ctx = n_ctx
 
     @property
@@ -54,7 +61,7 @@ class DeviceCache:
 
 
 def cache_bytes(cfg: ModelConfig, n_layers: int, n_ctx: int) -> int:
-    """Device memory of one DeviceCache."""
+    """Device memory of one DeviceCache of the largest type (f16)."""
     return 2 * 2 * cfg.n_kv_head * cfg.head_dim * sum(cfg.cache_rows(li, n_ctx) for li in range(n_layers))
 
 
@@ -108,8 +115,8 @@ class DeviceOffload:
 
     # -- the Offload protocol ------------------------------------------------------------------------------
 
-    def new_cache(self, n_ctx: int) -> DeviceCache:
-        return DeviceCache(self.backend, self.cfg, self.n_layers, n_ctx)
+    def new_cache(self, n_ctx: int, type_k: str = "f16", type_v: str = "f16") -> DeviceCache:
+        return DeviceCache(self.backend, self.cfg, self.n_layers, n_ctx, type_k, type_v)
 
     def forward_layers(self, x: np.ndarray, cache: DeviceCache, start: int) -> np.ndarray:
         """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
@@ -181,11 +188,11 @@ class DeviceOps:
             cos, sin = rope.cos[start:end], rope.sin[start:end]  # (t, rope_dim/2)
             q = ops.apply_rope(xp, q, cos, sin, rope.dim, rope.neox)
             k = ops.apply_rope(xp, k, cos, sin, rope.dim, rope.neox)
-        # Storing into the float16 cache rounds k and v to halves, as the CPU does; a ring keeps row p % rows.
-        kc, vc = self.cache.k[layer.index], self.cache.v[layer.index]  # (n_kv, rows, hd)
+        # Storing rounds k and v to halves (or q8_0 blocks), as the CPU does; a ring keeps row p % rows.
+        kc, vc = self.cache.k[layer.index], self.cache.v[layer.index]  # (n_kv, rows, width)
         rows = xp.arange(start, end) % kc.shape[1]
-        kc[:, rows] = k.transpose(1, 0, 2)  # (n_kv, t, hd)
-        vc[:, rows] = v.transpose(1, 0, 2)
+        kc[:, rows] = cache_types.to_cache(xp, k.transpose(1, 0, 2), self.cache.type_k)  # (n_kv, t, width)
+        vc[:, rows] = cache_types.to_cache(xp, v.transpose(1, 0, 2), self.cache.type_v)
         return ops.half_round(xp, q)
 
     def attend(self, q: Array, layer: LayerSpec) -> Array:
@@ -194,8 +201,8 @@ class DeviceOps:
         kc, vc = self.cache.k[layer.index], self.cache.v[layer.index]
         lo = max(0, start - att.window + 1) if att.window else 0  # the oldest key these queries see
         read = xp.arange(lo, end) % kc.shape[1]  # rows of positions lo..end-1, in order
-        keys = kc[:, read].astype(xp.float32)  # (n_kv, end - lo, hd)
-        values = vc[:, read].astype(xp.float32)
+        keys = cache_types.to_floats(xp, kc[:, read])  # (n_kv, end - lo, hd)
+        values = cache_types.to_floats(xp, vc[:, read])
         return ops.attention(xp, q, keys, values, start, lo, att.scale, att.window, att.softcap)  # (t, n_head·hd)
 
     def attn_out(self, a: Array, att: Attention) -> Array:

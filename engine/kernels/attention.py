@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import get_thread_id, njit, prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
+from ..formats.fields import h2f, i8
 from ..runtime import configure_numba
 
 configure_numba()  # the kernel cache folder before the @njit(cache=True) below, even when imported directly
@@ -184,37 +185,37 @@ _PARALLEL_ATTEND_MIN = 1 << 17
 def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, threads, out):
     """One query per head, at position pos, over the cached positions it sees (first_key(pos, window)..pos).
 
-    q (n_head·hd,); kc, vc (n_kv, rows, hd) float16 bit patterns (uint16), position p in row p % rows ->
-    out (n_head·hd,). Scores are scale · q·k, soft-capped when softcap > 0. Query head h reads kv head
-    h // (n_head/n_kv).
+    q (n_head·hd,); kc, vc (n_kv, rows, width): cached rows, float16 bit patterns (uint16, width hd) or q8_0 blocks
+    (uint8, engine/cache_types.py), each its own type; position p in row p % rows -> out (n_head·hd,). Scores are
+    scale · q·k, soft-capped when softcap > 0. Query head h reads kv head h // (n_head/n_kv).
 
     Long contexts run on `threads` threads: one item per kv head, or, where the kv heads do not share evenly
     between the threads, per part of a kv head's query heads. Each head's arithmetic is the same either way
     (`attend_heads`), so the result does not depend on the split.
     """
-    n_kv, hd = kc.shape[0], kc.shape[2]
+    n_kv, hd = kc.shape[0], q.shape[0] // n_head
     group = n_head // n_kv
     n_pos = pos + 1 - first_key(pos, window)
     if threads == 1 or n_pos * n_head * hd < _PARALLEL_ATTEND_MIN:
         for kv in range(n_kv):
-            attend_heads(q, kc[kv], vc[kv], kv * group, group, pos, scale, window, softcap, out)
+            attend_cached(q, kc[kv], vc[kv], kv * group, group, hd, pos, scale, window, softcap, out)
         return
     splits = 1 if n_kv % threads == 0 else min(group, threads)
     for item in prange(n_kv * splits):
         kv, part = item // splits, item % splits
         g0, g1 = part * group // splits, (part + 1) * group // splits
-        attend_heads(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, pos, scale, window, softcap, out)
+        attend_cached(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, hd, pos, scale, window, softcap, out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def attend_rows(q, kc, vc, start, n_head, scale, window, softcap, out):
     """A short pass's queries, row i at position start + i, each as `attend_one` attends it (so a drafted
     token's pass gives the logits decoding it alone would): q, out (t, n_head·hd); kc, vc as attend_one's."""
-    n_kv = kc.shape[0]
+    n_kv, hd = kc.shape[0], q.shape[1] // n_head
     group = n_head // n_kv
     for item in prange(q.shape[0] * n_kv):
         i, kv = item // n_kv, item % n_kv
-        attend_heads(q[i], kc[kv], vc[kv], kv * group, group, start + i, scale, window, softcap, out[i])
+        attend_cached(q[i], kc[kv], vc[kv], kv * group, group, hd, start + i, scale, window, softcap, out[i])
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -263,6 +264,158 @@ def attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out):
             for i in range(hd):
                 ag[i] += wp * half_to_float(vrow[i])
     out[h0 * hd : (h0 + n_g) * hd] = acc.reshape(-1)
+
+
+# ---- cached rows of either type (engine/cache_types.py): f16 as uint16 bit patterns, q8_0 as ggml's blocks ----
+# The f16 cache keeps attend_heads above, unchanged, so its results stay those of before the q8_0 type. A q8_0 row
+# is dequantized once into float32 (its 4 blocks' scale times their int8) and then read by every query head of
+# its group, as ggml's CPU attention converts a quantized V row before accumulating it. Dotting K as int8 against
+# a query quantized to int8 per 32 (ggml's vec_dot_q8_0_q8_0) would round the query too, and Numba's vectorizer
+# reduces each 32-block horizontally: the float row measured no slower (docs/kernels.md).
+
+
+@njit(cache=True, nogil=True)
+def quantize_q8_0(x, row):
+    """x (n,) float32 -> row (n/32·34,) uint8: ggml's block_q8_0 per 32 values, d = max|x|/127 as a half, then
+    qs = roundf(x / d) as int8 (C's roundf: halves away from zero; as quantize_row_q8_0_ref and gguf-py)."""
+    for b in range(x.shape[0] // 32):
+        o = b * 34
+        xb = x[b * 32 : b * 32 + 32]
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(xb[j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+        bits = np.int32(float_to_half(d))
+        row[o] = np.uint8(bits & 0xFF)
+        row[o + 1] = np.uint8((bits >> 8) & 0xFF)
+        for j in range(32):
+            v = xb[j] * inv
+            a = abs(v)
+            whole = np.floor(a)
+            r = np.int32(whole + np.floor(np.float32(2.0) * (a - whole)))
+            row[o + 2 + j] = np.uint8((r if v >= 0 else -r) & 0xFF)
+
+
+@njit(cache=True, nogil=True)
+def dequantize_q8_0(row, out):
+    """row (n/32·34,) uint8 of q8_0 blocks -> out (n,) float32 = d · qs."""
+    for b in range(out.shape[0] // 32):
+        o = b * 34
+        d = h2f(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))
+        ob = out[b * 32 : b * 32 + 32]
+        qs = row[o + 2 : o + 34]
+        for j in range(32):
+            ob[j] = d * np.float32(i8(qs[j]))
+
+
+@njit(cache=True, nogil=True)
+def widen_f16(row, out):
+    """row (n,) float16 bit patterns -> out (n,) float32 (exact)."""
+    for j in range(out.shape[0]):
+        out[j] = half_to_float(row[j])
+
+
+@njit(cache=True, nogil=True)
+def narrow_f16(x, row):
+    """x (n,) float32 -> row (n,) float16 bit patterns, rounded to nearest (ties to even)."""
+    for j in range(x.shape[0]):
+        row[j] = float_to_half(x[j])
+
+
+def cache_row_floats(row, out):
+    """A cached row (width,) of either type -> out (hd,) float32. Compiled code only."""
+    raise NotImplementedError("attention.cache_row_floats runs inside compiled kernels only")
+
+
+@overload(cache_row_floats, jit_options={"nogil": True})
+def _cache_row_floats(row, out):
+    if row.dtype == types.uint8:
+        return lambda row, out: dequantize_q8_0(row, out)
+    return lambda row, out: widen_f16(row, out)
+
+
+def store_cache_row(x, row):
+    """x (hd,) float32 -> the cached row (width,) of its type (row's dtype). Compiled code only."""
+    raise NotImplementedError("attention.store_cache_row runs inside compiled kernels only")
+
+
+@overload(store_cache_row, jit_options={"nogil": True})
+def _store_cache_row(x, row):
+    if row.dtype == types.uint8:
+        return lambda x, row: quantize_q8_0(x, row)
+    return lambda x, row: narrow_f16(x, row)
+
+
+@njit(inline="always", cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _softmax_rows(scores):
+    """scores (n_g, n_pos) in place -> each row's softmax (as attend_heads computes it)."""
+    for g in range(scores.shape[0]):
+        sg = scores[g]
+        top = np.float32(-np.inf)
+        for p in range(sg.shape[0]):
+            top = max(top, sg[p])
+        total = np.float32(0.0)
+        for p in range(sg.shape[0]):
+            e = exp_nonpositive(sg[p] - top)
+            sg[p] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for p in range(sg.shape[0]):
+            sg[p] *= inv
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def attend_heads_rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+    """`attend_heads` over cached rows of any type (kc (rows, width_k), vc (rows, width_v)): each key and value
+    row converted to float32 once (`cache_row_floats`), then read by the n_g query heads."""
+    rows = kc.shape[0]
+    lo = first_key(pos, window)
+    n_pos = pos + 1 - lo
+    scale = np.float32(scale)
+    cap = np.float32(softcap)
+    qh = q[h0 * hd : (h0 + n_g) * hd].reshape(n_g, hd)  # (n_g, hd)
+    scores = np.empty((n_g, n_pos), dtype=np.float32)  # (n_g, n_pos)
+    vec = np.empty(hd, dtype=np.float32)  # (hd,) one cached key or value
+    for p in range(n_pos):
+        cache_row_floats(kc[(lo + p) % rows], vec)
+        for g in range(n_g):
+            qg = qh[g]
+            s = np.float32(0.0)
+            for i in range(hd):
+                s += qg[i] * vec[i]
+            s *= scale
+            scores[g, p] = soft_cap(s, cap) if cap > 0 else s
+    _softmax_rows(scores)
+    acc = np.zeros((n_g, hd), dtype=np.float32)  # (n_g, hd)
+    for p in range(n_pos):
+        cache_row_floats(vc[(lo + p) % rows], vec)
+        for g in range(n_g):
+            wp = scores[g, p]
+            ag = acc[g]
+            for i in range(hd):
+                ag[i] += wp * vec[i]
+    out[h0 * hd : (h0 + n_g) * hd] = acc.reshape(-1)
+
+
+def attend_cached(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+    """attend_heads for a cache of either type: f16 keys and values take attend_heads. Compiled code only."""
+    raise NotImplementedError("attention.attend_cached runs inside compiled kernels only")
+
+
+@overload(attend_cached, jit_options={"nogil": True})
+def _attend_cached(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+    if kc.dtype == types.uint16 and vc.dtype == types.uint16:
+
+        def f16(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+            attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out)
+
+        return f16
+
+    def rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+        attend_heads_rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out)
+
+    return rows
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath=True)
@@ -373,7 +526,7 @@ def causal_work_size(t, n_head, n_kv, hd, start, window, n_threads):
 def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads, work, out):
     """t queries at positions start.., each over the cached keys it sees (first_key(pos, window)..pos).
 
-    q (t, n_head, hd) float32; kc, vc (n_kv, cache_rows, hd) float16 bit patterns (uint16), position p in row
+    q (t, n_head, hd) float32; kc, vc (n_kv, cache_rows, width) cached rows as attend_one's, position p in row
     p % cache_rows, holding every position the queries see -> out (t, n_head·hd). The heads sharing a kv head
     make rows r = g·t + i (head g of the group, query i); a parallel item is a block of one kv head's rows
     (n_threads blocks per head, so that any number of kv heads shares evenly): its keys and values in float32,
@@ -410,9 +563,8 @@ def attend_causal(sgemm_fn, q, kc, vc, start, scale, window, softcap, n_threads,
             a[r - r0] = q[r % t, kv * group + r // t]
         for p in range(n_pos):
             row = (lo + p) % cache_rows
-            for j in range(hd):
-                keys[p, j] = half_to_float(kc[kv, row, j])
-                values[p, j] = half_to_float(vc[kv, row, j])
+            cache_row_floats(kc[kv, row], keys[p])
+            cache_row_floats(vc[kv, row], values[p])
         sgemm(sgemm_fn, True, m, n_pos, hd, a, hd, keys, hd, scores, n_pos)
         causal_exp(scores, r0, t, start, lo, scale, window, softcap, inv_total)
         sgemm(sgemm_fn, False, m, hd, n_pos, scores, n_pos, values, hd, o, hd)

@@ -23,7 +23,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from . import floats, packed
-from .attention import attend_one, float_to_half, geglu_row, half_to_float, swiglu_row
+from .attention import attend_one, float_to_half, geglu_row, half_to_float, store_cache_row, swiglu_row
 
 # FFN kinds, as `layer` takes them (engine/layer.py DenseFfn.activation names them).
 FFN_KINDS = {"swiglu": 0, "geglu": 1, "gelu": 2}
@@ -126,7 +126,8 @@ def rope_into_cache(q, k, v, start, cos, sin, shape, kc, vc):
     """A prompt's q, k, v as `layer` treats one token's, row i at position start + i.
 
     q (t, n_head·hd), in place: rotated and rounded to float16 values. k, v (t, n_kv·hd): k rotated (in
-    place), then both written to kc, vc (n_kv, rows, hd) as float16 bit patterns, position p in row p % rows.
+    place), then both written to kc, vc (n_kv, rows, width) as their type stores them (float16 bit patterns or
+    q8_0 blocks: attention.store_cache_row), position p in row p % rows.
     cos, sin (t, rope_dim/2); shape: (n_head, n_kv, head_dim, rope_dim, neox). rope_dim 0: no rotation.
     """
     n_head, n_kv, hd, rope_dim, neox = shape
@@ -137,9 +138,8 @@ def rope_into_cache(q, k, v, start, cos, sin, shape, kc, vc):
         round_to_half(q[i])
         row = (start + i) % rows
         for j in range(n_kv):
-            for c in range(hd):
-                kc[j, row, c] = float_to_half(k[i, j * hd + c])
-                vc[j, row, c] = float_to_half(v[i, j * hd + c])
+            store_cache_row(k[i, j * hd : (j + 1) * hd], kc[j, row])
+            store_cache_row(v[i, j * hd : (j + 1) * hd], vc[j, row])
 
 
 def product(w, x, out, parallel_min_bytes):
@@ -265,12 +265,13 @@ def layer(x, pos, kc, vc, cos, sin, threads,
     run_layer as one compiled call. Its arguments after `threads` are those of engine.layer's LayerSpec, named
     so, built by one_token.decode_args.
 
-    kc, vc (n_kv, rows, hd): the layer's cache as float16 bit patterns (uint16), position p in row p % rows;
-    position pos is written. cos, sin (rope_dim/2,): this position's rotation. Norm weights (d,) or (head_dim,)
-    and biases are float32, empty arrays where the layer has none; w*: weight tuples (module docstring), w_gate
-    unused by the ungated FFN (ffn_kind, FFN_KINDS). layer_norm_kind: the pre-norms are LayerNorms (else
-    RMSNorms); q/k and post-norms are RMSNorms. gelu: attention.gelu_table(), GeGLU's. Products of at least
-    parallel_min_bytes of weights, and attention over a long context, run on `threads` threads.
+    kc, vc (n_kv, rows, width): the layer's cache, float16 bit patterns (uint16) or q8_0 blocks (uint8), each its
+    own type (engine/cache_types.py), position p in row p % rows; position pos is written. cos, sin (rope_dim/2,):
+    this position's rotation. Norm weights (d,) or (head_dim,) and biases are float32, empty arrays where the layer
+    has none; w*: weight tuples (module docstring), w_gate unused by the ungated FFN (ffn_kind, FFN_KINDS).
+    layer_norm_kind: the pre-norms are LayerNorms (else RMSNorms); q/k and post-norms are RMSNorms. gelu:
+    attention.gelu_table(), GeGLU's. Products of at least parallel_min_bytes of weights, and attention over a long
+    context, run on `threads` threads.
     """
     hd = head_dim
     d = x.shape[0]
@@ -294,9 +295,8 @@ def layer(x, pos, kc, vc, cos, sin, threads,
     round_to_half(q)
     row = pos % kc.shape[1]
     for j in range(n_kv):
-        for i in range(hd):
-            kc[j, row, i] = float_to_half(k[j * hd + i])
-            vc[j, row, i] = float_to_half(v[j * hd + i])
+        store_cache_row(k[j * hd : (j + 1) * hd], kc[j, row])
+        store_cache_row(v[j * hd : (j + 1) * hd], vc[j, row])
     a = np.empty(n_head * hd, dtype=np.float32)
     attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, threads, a)
     branch_out(wo, a, bo, attn_post_norm, eps, h, x, parallel_min_bytes)

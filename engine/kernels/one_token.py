@@ -17,6 +17,7 @@ from numba import get_num_threads
 from ..formats import bf16, f16
 from ..layer import DenseFfn
 from . import PACKED_TYPES, PARALLEL_MIN_BYTES, WeightMatrix, attention, decode
+from .ops import cache_bits
 
 if TYPE_CHECKING:
     from ..layer import LayerSpec, Linear, Norm
@@ -125,11 +126,10 @@ class DecodeLayer:
         )
 
     def __call__(self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray) -> None:
-        """x (d,) float32 in place, at position pos; kc, vc (n_kv, rows, hd) float16: the layer's cache."""
+        """x (d,) float32 in place, at position pos; kc, vc (n_kv, rows, width): the layer's cache, of its type."""
         decode.layer(
-            x, pos, kc.view(np.uint16), vc.view(np.uint16), self._cos[pos], self._sin[pos], get_num_threads(),
-            *self.args,
-        )  # fmt: skip
+            x, pos, cache_bits(kc), cache_bits(vc), self._cos[pos], self._sin[pos], get_num_threads(), *self.args
+        )
 
 
 def products_fit(weights: Sequence[WeightMatrix | None]) -> bool:

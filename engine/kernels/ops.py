@@ -13,6 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import get_num_threads
 
+from .. import cache_types
 from ..formats import FORMATS, QUANTIZED, bf16, f16, f32
 from ..formats.dispatch import tag
 from ..formats.fields import F16_TABLE
@@ -376,14 +377,13 @@ def rope_into_cache(
     cos: np.ndarray, sin: np.ndarray, shape: tuple[int, int, int, int, bool],
 ) -> None:  # fmt: skip
     """Rotate a prompt's q (t, n_head·hd) and k (t, n_kv·hd) in place, round q to float16 values, and write k
-    and v (t, n_kv·hd) into the float16 cache kc, vc (n_kv, rows, hd) at positions start.. (row p % rows): the
+    and v (t, n_kv·hd) into the cache kc, vc (n_kv, rows, width) at positions start.. (row p % rows): the
     decode layer's arithmetic, row by row in parallel. cos, sin (t, rope_dim/2); shape (n_head, n_kv, hd,
     rope_dim, neox); rope_dim 0 rotates nothing.
     """
     n_head, n_kv, hd, rope_dim, neox = shape
-    decode.rope_into_cache(
-        q, k, v, start, cos, sin, (n_head, n_kv, hd, rope_dim, int(neox)), kc.view(np.uint16), vc.view(np.uint16)
-    )
+    dims = (n_head, n_kv, hd, rope_dim, int(neox))
+    decode.rope_into_cache(q, k, v, start, cos, sin, dims, cache_bits(kc), cache_bits(vc))
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -421,7 +421,8 @@ def causal_attention(
     """Queries at positions start.. over the cached keys each one sees: up to its own position, and within
     the last `window` positions when window > 0.
 
-    q (t, n_head, hd); kc, vc (n_kv, rows, hd) float16, position p in row p % rows -> (t, n_head·hd) float32,
+    q (t, n_head, hd); kc, vc (n_kv, rows, width) of a cache type (engine/cache_types.py: float16 (.., hd), or
+    uint8 q8_0 blocks), K and V each their own, position p in row p % rows -> (t, n_head·hd) float32,
     into out where given (except without BLAS: use the result). Scores are scale · q·k (default 1/√hd),
     soft-capped as cap·tanh(s/cap) when softcap > 0. Query head h reads kv head h // (n_head / n_kv). Blocks
     of queries run in parallel, each with single-threaded BLAS products (attention.attend_causal, its buffers
@@ -432,7 +433,7 @@ def causal_attention(
     t, n_head, hd = q.shape
     scale = float(1.0 / np.sqrt(hd)) if scale is None else float(scale)
     q = np.ascontiguousarray(q, dtype=np.float32)
-    kc16, vc16 = kc.view(np.uint16), vc.view(np.uint16)
+    kc16, vc16 = cache_bits(kc), cache_bits(vc)
     if t == 1:  # decode: the one-query kernel (as decode.layer's), no BLAS call for a single row
         out = np.empty((1, n_head * hd), dtype=np.float32) if out is None else out
         threads = get_num_threads()
@@ -457,10 +458,15 @@ def causal_attention(
     qg = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(n_kv, group * t, hd)  # rows (g, i) per kv head
     out = np.empty((n_kv, group * t, hd), dtype=np.float32)  # (n_kv, group·t, hd)
     for kv in range(n_kv):
-        scores = np.matmul(qg[kv], kc[kv, rows].astype(np.float32).T)  # (group·t, n_keys)
+        scores = np.matmul(qg[kv], cache_types.to_floats(np, kc[kv, rows]).T)  # (group·t, n_keys)
         attention.causal_softmax(scores, 0, t, start, lo, scale, window, softcap)
-        np.matmul(scores, vc[kv, rows].astype(np.float32), out=out[kv])
+        np.matmul(scores, cache_types.to_floats(np, vc[kv, rows]), out=out[kv])
     return out.reshape(n_head, t, hd).transpose(1, 0, 2).reshape(t, n_head * hd)
+
+
+def cache_bits(cache: np.ndarray) -> np.ndarray:
+    """A cache as the kernels take it: float16 as its bit patterns (uint16), q8_0 blocks (uint8) as they are."""
+    return cache if cache.dtype == np.uint8 else cache.view(np.uint16)
 
 
 _SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # 64-bit-integer (ILP64) cblas_sgemm, as NumPy ships
