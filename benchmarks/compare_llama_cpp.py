@@ -21,6 +21,9 @@ the disk): the sizes people run, without downloading them.
 --depth 4000,16000 also measures decode after a prompt that long (--depth-gen greedy tokens, default 32),
 for every model: attention's share of a token grows with the cache.
 
+-ctk/--cache-type-k and -ctv/--cache-type-v (f16, the default, or q8_0) set both engines' KV cache types
+(llama.cpp's type_k/type_v; its quantized V needs flash attention, which the llama.cpp runs then turn on).
+
 --requantize Q5_K_M,Q3_K_S,... also measures each model re-quantized to those llama.cpp file types (by
 llama.cpp's own quantizer, through --llama-python; kept in the user cache). Re-quantizing an already quantized
 file loses quality, so these files are for speed, not for chatting.
@@ -41,11 +44,12 @@ import json, resource, sys, time
 import numpy as np
 engine_name, path = sys.argv[1], sys.argv[2]
 n_prompt, n_gen, threads = (int(a) for a in sys.argv[3:6])
+type_k, type_v = sys.argv[6:8]
 rng = np.random.default_rng(0)
 t0 = time.perf_counter()
 if engine_name == "ours":
     from engine import load_model
-    model = load_model(path, n_ctx=n_prompt + n_gen + 8, threads=threads)
+    model = load_model(path, n_ctx=n_prompt + n_gen + 8, threads=threads, cache_type_k=type_k, cache_type_v=type_v)
     prompt = rng.integers(100, model.n_vocab - 100, n_prompt).tolist()
     session = model.session()
     load_s = time.perf_counter() - t0
@@ -54,10 +58,13 @@ if engine_name == "ours":
     for _ in range(n_gen):
         logits = session.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
+    kv_mb = session.cache.nbytes / 1e6
 else:
     from llama_cpp import Llama
+    ggml_type = {"f16": 1, "q8_0": 8}  # GGML_TYPE_F16, GGML_TYPE_Q8_0
     llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)
+                n_batch=512, verbose=False, type_k=ggml_type[type_k], type_v=ggml_type[type_v],
+                flash_attn=type_v != "f16")  # llama.cpp quantizes V only with flash attention
     prompt = rng.integers(100, llm.n_vocab() - 100, n_prompt).tolist()
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter(); llm.eval(prompt); prefill_s = time.perf_counter() - t1
@@ -67,9 +74,10 @@ else:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
         llm.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
+    kv_mb = 0.0  # not measured
 import os
 print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kv_cache_mb": kv_mb,
                   "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ}))
 """
 
@@ -199,6 +207,11 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requantize", default="", help="comma-separated llama.cpp file types, e.g. Q5_K_M,Q3_K_S")
+    for flag, what in (("k", "keys"), ("v", "values")):
+        ap.add_argument(
+            f"-ct{flag}", f"--cache-type-{flag}", default="f16", choices=("f16", "q8_0"),
+            help=f"how both engines' KV caches store {what} (llama.cpp's -ct{flag}; default f16)",
+        )  # fmt: skip
     args = ap.parse_args()
     presets = list(filter(None, args.generate.split(",")))
     if not args.model and not presets:
@@ -225,7 +238,7 @@ def main() -> int:
     def measure(path: str, n_prompt: int, n_gen: int) -> dict[str, dict[str, float]]:
         """Median over the rounds of each engine's WORKER results, the engines alternating."""
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
-        common = (path, str(n_prompt), str(n_gen), str(args.threads))
+        common = (path, str(n_prompt), str(n_gen), str(args.threads), args.cache_type_k, args.cache_type_v)
         for _ in range(args.rounds):
             results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
             if args.llama_python:
@@ -242,7 +255,8 @@ def main() -> int:
     rows, depth_rows = [], []
     for spec, target in targets:
         path = str(target)
-        run_worker(sys.executable, WORKER, "ours", path, str(args.n_prompt), str(args.n_gen), str(args.threads))
+        run_worker(sys.executable, WORKER, "ours", path, str(args.n_prompt), str(args.n_gen), str(args.threads),
+                   args.cache_type_k, args.cache_type_v)  # fmt: skip
         med = measure(path, args.n_prompt, args.n_gen)  # the first run above compiled / warmed the caches
         depth_rows += [(spec, depth, measure(path, depth, args.depth_gen)) for depth in depths]
         follow = {"ours": run_worker(sys.executable, FOLLOW_UP, "ours", path, str(args.threads))}
@@ -251,7 +265,8 @@ def main() -> int:
         start = float(subprocess.run([sys.executable, "-c", START, path], capture_output=True, text=True).stdout)
         rows.append((spec, med, follow, start))
 
-    print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds")
+    print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds, "
+          f"KV cache K {args.cache_type_k}, V {args.cache_type_v}")  # fmt: skip
     print(f"{cpu_description()}\n")
     print("| model | engine | prefill tok/s | decode tok/s | load s | peak RSS MB |")
     print("|---|---|---|---|---|---|")

@@ -297,19 +297,21 @@ def quantize_q8_0(x, row):
             row[o + 2 + j] = np.uint8((r if v >= 0 else -r) & 0xFF)
 
 
-@njit(cache=True, nogil=True)
+@njit(inline="always", cache=True, nogil=True)
 def dequantize_q8_0(row, out):
     """row (n/32·34,) uint8 of q8_0 blocks -> out (n,) float32 = d · qs."""
-    for b in range(out.shape[0] // 32):
-        o = b * 34
+    n_blocks = row.shape[0] // 34
+    size = out.shape[0] // n_blocks  # 32, read at run time: a loop of a known 32 trips is unrolled, not vectorized
+    for b in range(n_blocks):
+        o = b * (size + 2)
         d = h2f(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))
-        ob = out[b * 32 : b * 32 + 32]
-        qs = row[o + 2 : o + 34]
-        for j in range(32):
+        ob = out[b * size : (b + 1) * size]
+        qs = row[o + 2 : o + 2 + size]
+        for j in range(size):
             ob[j] = d * np.float32(i8(qs[j]))
 
 
-@njit(cache=True, nogil=True)
+@njit(inline="always", cache=True, nogil=True)
 def widen_f16(row, out):
     """row (n,) float16 bit patterns -> out (n,) float32 (exact)."""
     for j in range(out.shape[0]):
@@ -328,7 +330,7 @@ def cache_row_floats(row, out):
     raise NotImplementedError("attention.cache_row_floats runs inside compiled kernels only")
 
 
-@overload(cache_row_floats, jit_options={"nogil": True})
+@overload(cache_row_floats, inline="always", jit_options={"nogil": True})
 def _cache_row_floats(row, out):
     if row.dtype == types.uint8:
         return lambda row, out: dequantize_q8_0(row, out)

@@ -3,16 +3,24 @@ every attention path that reads it against the float64 definition over the dequa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from engine import cache_types, kernels
+from engine import cache_types, kernels, load_model
+from engine.chat import ChatSession
 from engine.errors import SettingsError
 from engine.kernels import attention as attention_kernels
 from engine.kernels import causal_attention
+from engine.kv_store import KVStore
+from engine.sampling import SamplingSettings
+from engine.speculative import ModelDrafter
+from tests.engine.compare import assert_close_logits
 from tests.engine.oracle import attention
+from tests.engine.synthetic import write_tiny_model
 
 
 def q8_rows(x: np.ndarray) -> np.ndarray:
@@ -124,3 +132,91 @@ def test_cache_type_names() -> None:
     with pytest.raises(SettingsError, match="multiple of 32"):
         cache_types.row_layout("q8_0", 16)
     assert cache_types.row_bytes("q8_0", 128) == 136 and cache_types.row_bytes("f16", 128) == 256
+
+
+# ---- the whole model on a q8_0 cache: a tiny Qwen3 (head size 32), every path ------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("q8") / "qwen3.gguf", "qwen3", seed=3).path
+
+
+@pytest.fixture(scope="module")
+def q8_model(tiny_qwen3: Path):
+    return load_model(tiny_qwen3, n_ctx=96, cache_type_k="q8_0", cache_type_v="q8_0", compile_kernels=False)
+
+
+IDS = [40 + (i * 7) % 50 for i in range(40)]
+
+
+def decoded(model, ids: list[int], first: int) -> np.ndarray:
+    """Logits of ids[first:], each token decoded alone after a prompt of ids[:first]: (len - first, n_vocab)."""
+    session = model.session()
+    session.eval(ids[:first])
+    return np.array([session.eval([t]) for t in ids[first:]])
+
+
+def test_the_cache_is_q8_0_and_53_percent_of_f16(tiny_qwen3: Path, q8_model) -> None:
+    f16_model = load_model(tiny_qwen3, n_ctx=96, compile_kernels=False)
+    q8, f16 = q8_model.session().cache, f16_model.session().cache
+    assert (q8.k.dtype, q8.v.dtype, q8.k.shape[3], f16.k.shape[3]) == (np.uint8, np.uint8, 34, 32)
+    assert q8.nbytes * 32 == f16.nbytes * 17
+    # Prompt (BLAS blocks) and one-token paths on the q8_0 cache agree, and stay near the f16 cache's logits: a
+    # cache read as the wrong type, or not read, moves them by far more than the int8 bound.
+    prompt = q8_model.logits(IDS)  # (40, n_vocab)
+    for ours, fresh in zip(decoded(q8_model, IDS, 30), prompt[30:], strict=True):
+        assert_close_logits(ours, fresh)
+    for ours, fresh in zip(prompt, f16_model.logits(IDS), strict=True):
+        assert_close_logits(ours, fresh)
+
+
+def test_rows_deterministic_and_speculative_are_decoding_bit_for_bit(q8_model) -> None:
+    """Draft checks (eval_all) and --deterministic prompts compute each row as decoding it alone, on q8_0 too."""
+    one_by_one = decoded(q8_model, IDS, 1)
+    session = q8_model.session()
+    session.eval(IDS[:1])
+    np.testing.assert_array_equal(session.eval_all(IDS[1:]), one_by_one)
+    q8_model.deterministic = True
+    try:
+        session = q8_model.session()
+        session.eval(IDS[:1])
+        np.testing.assert_array_equal(session.eval(IDS[1:]), one_by_one[-1])
+    finally:
+        q8_model.deterministic = False
+    greedy = SamplingSettings(temperature=0.0, max_tokens=16)
+    plain = [e.token_id for e in list(ChatSession(q8_model, greedy).stream_completion(IDS[:20]))[:-1]]
+    drafter = ModelDrafter(q8_model, q8_model, draft_max=4, p_min=0.0)  # its own draft: every guess is kept
+    events = list(ChatSession(q8_model, greedy, drafter=drafter).stream_completion(IDS[:20]))
+    assert [e.token_id for e in events[:-1]] == plain and events[-1].draft_accepted > 0
+
+
+def test_device_offload_stores_and_reads_q8_0(tiny_qwen3: Path, q8_model) -> None:
+    """The device path (NumPy backend): its cache is q8_0 bytes, its logits the CPU's on q8_0."""
+    model = load_model(tiny_qwen3, n_ctx=96, device="numpy", gpu_layers=1, cache_type_k="q8_0",
+                       cache_type_v="q8_0", compile_kernels=False)  # fmt: skip
+    session = model.session()
+    session.eval(IDS[:30])
+    assert session.cache.device.k[0].dtype == np.uint8 and session.cache.device.v[0].shape[2] == 34
+    for ours, fresh in zip(np.array([session.eval([t]) for t in IDS[30:]]), q8_model.logits(IDS)[30:], strict=True):
+        assert_close_logits(ours, fresh)
+
+
+def test_a_saved_cache_records_its_type_and_resumes_only_into_its_type(tiny_qwen3: Path, q8_model, tmp_path) -> None:
+    store = KVStore(tmp_path / "kv", 1 << 30)
+    session = q8_model.session()
+    session.eval(IDS[:30])
+    path = store.save(session, "model", "template")
+    assert path is not None
+    assert [e.cache_types for e in store.entries()] == [("q8_0", "q8_0")]
+    resumed = q8_model.session()
+    assert store.restore(resumed, "model", "template", IDS) == 30
+    np.testing.assert_array_equal(resumed.cache.k[:, :, :30], session.cache.k[:, :, :30])
+    np.testing.assert_array_equal(resumed.eval(IDS[30:]), session.eval(IDS[30:]))
+    f16_session = load_model(tiny_qwen3, n_ctx=96, compile_kernels=False).session()
+    assert store.restore(f16_session, "model", "template", IDS) == 0  # another type: the prompt is evaluated
+    assert f16_session.n_past == 0 and path.exists()
+    mixed = load_model(tiny_qwen3, n_ctx=96, cache_type_k="q8_0", compile_kernels=False).session()
+    assert store.restore(mixed, "model", "template", IDS) == 0
+    # Even a file whose listing is bypassed is never read as another type.
+    assert store._read(path, f16_session, "model", "template") is None
