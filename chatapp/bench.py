@@ -89,6 +89,8 @@ def run_bench(
         "decode_tok_s_std": statistics.pstdev(tg),
         "decode_tok_s_runs": tg,
         "load_s": model.load_s,
+        "cache_type_k": getattr(model, "cache_type_k", "f16"),  # the KV cache's types (-ctk, -ctv)
+        "cache_type_v": getattr(model, "cache_type_v", "f16"),
     }
     if limits:
         per_token = model.weights.decode_bytes()  # as packed: the bytes the kernels stream
@@ -127,6 +129,7 @@ def run_bench(
             f"draft {drafter.name}: {result['draft_acceptance']:.0%} of guesses accepted, "
             f"{result['draft_tokens_per_pass']:.2f} tokens per target pass"
         )
+    print(f"KV cache: K {result['cache_type_k']}, V {result['cache_type_v']}")
     if "bandwidth_pct" in result:
         each = ", ".join(f"{p:.0f}%" for p in result["bandwidth_pct_runs"])
         print(

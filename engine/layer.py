@@ -143,8 +143,9 @@ class LayerOps(Protocol):
         ...
 
     def rope_and_store(self, q: Array, k: Array, v: Array, layer: LayerSpec) -> Array:
-        """Rotate q and k for their positions, write k and v into the layer's cache as float16 (llama.cpp's F16
-        cache), and return q rotated and rounded to float16 values as the cache's keys are."""
+        """Rotate q and k for their positions, write k and v into the layer's cache as its types store them
+        (float16, llama.cpp's F16 cache, or q8_0 blocks: engine/cache_types.py), and return q rotated and
+        rounded to float16 values."""
         ...
 
     def attend(self, q: Array, layer: LayerSpec) -> Array:

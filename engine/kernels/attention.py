@@ -268,7 +268,7 @@ def attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out):
 
 # ---- cached rows of either type (engine/cache_types.py): f16 as uint16 bit patterns, q8_0 as ggml's blocks ----
 # The f16 cache keeps attend_heads above, unchanged, so its results stay those of before the q8_0 type. A q8_0 row
-# is dequantized once into float32 (its 4 blocks' scale times their int8) and then read by every query head of
+# is dequantized once into float32 (each block's scale times its int8) and then read by every query head of
 # its group, as ggml's CPU attention converts a quantized V row before accumulating it. Dotting K as int8 against
 # a query quantized to int8 per 32 (ggml's vec_dot_q8_0_q8_0) would round the query too, and Numba's vectorizer
 # reduces each 32-block horizontally: the float row measured no slower (docs/kernels.md).
