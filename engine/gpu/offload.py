@@ -231,13 +231,19 @@ class DeviceOps:
         xp = self.xp
         logits = matmul(xp, ffn.router, h)  # (t, n_expert)
         ids, weights = route(logits if xp is np else xp.asnumpy(logits), ffn.n_used, ffn.norm_weights)  # (t, k)
-        w = xp.asarray(weights.reshape(-1, 1))  # (t·k, 1): slot s is token s // k's choice s % k
+        groups = by_expert(ids)
+        # Every group's tokens and weights, one after the other, in one upload each: (t·k,) and (t·k, 1)
+        tokens = xp.asarray(np.concatenate([g[1] for g in groups]))
+        w = xp.asarray(weights.ravel()[np.concatenate([g[2] for g in groups])][:, None])
         out = xp.zeros((h.shape[0], ffn.down.rows), dtype=xp.float32)  # (t, d)
-        for e, tokens, slots in by_expert(ids):
-            rows, at = xp.asarray(tokens), xp.asarray(slots)  # (n_e,) each
+        s0 = 0
+        for e, chosen_by, _slots in groups:
+            s1 = s0 + len(chosen_by)
+            rows = tokens[s0:s1]  # (n_e,)
             xe = h[rows]  # (n_e, d)
             act = ops.silu(xp, matmul(xp, ffn.gate.expert(e), xe)) * matmul(xp, ffn.up.expert(e), xe)  # (n_e, d_ff)
-            out[rows] += w[at] * matmul(xp, ffn.down.expert(e), act)  # (n_e, d)
+            out[rows] += w[s0:s1] * matmul(xp, ffn.down.expert(e), act)  # (n_e, d)
+            s0 = s1
         if ffn.shared is not None:
             gate, up, down, gate_inp = ffn.shared
             y = matmul(xp, down, ops.silu(xp, matmul(xp, gate, h)) * matmul(xp, up, h))  # (t, d)
