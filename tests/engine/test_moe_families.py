@@ -9,11 +9,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from engine import load_model
+from engine import UnsupportedModelError, load_model
 from engine.config import ModelConfig
 from engine.gguf_file import open_gguf
 from engine.moe import RouterFfn
@@ -89,6 +90,27 @@ def test_granitemoe_takes_a_shared_expert_where_the_file_gives_one(tiny) -> None
     assert "blk.1.ffn_gate_inp_shexp.weight" not in expected
     gate, up, down, gate_inp = RouterFfn.bind(open_gguf(m.path), cfg, 1).shared or (None,) * 4
     assert gate is not None and (up.rows, up.cols, down.rows, down.cols) == (96, 64, 64, 96) and gate_inp is None
+
+
+def test_granitemoe_without_the_width_refuses_shared_expert_tensors(tiny, tmp_path) -> None:
+    """The same tensors in a file that does not give expert_shared_feed_forward_length: refused by name, as
+    llama.cpp would not load them either, rather than run without them."""
+    reader = gguf.GGUFReader(tiny["granitemoeshared", T.Q8_0].path)
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "granitemoe")
+    for f in reader.fields.values():
+        if not f.name.startswith("GGUF.") and f.name not in (
+            "general.architecture",
+            "granitemoe.expert_shared_feed_forward_length",
+        ):
+            writer.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match=r"^tensor blk\.0\.ffn_\w+_shexp\.weight: shared-expert tensors"):
+        load_model(tmp_path / "m.gguf", n_ctx=64)
 
 
 @pytest.mark.parametrize("arch", FAMILIES)
