@@ -248,9 +248,7 @@ def isa_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
         else:
             envs[isa] = env
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        runs = {
-            isa: pool.submit(_run_checks, env, folder / f"{isa}.npz", isa == HOST) for isa, env in envs.items()
-        }
+        runs = {isa: pool.submit(_run_checks, env, folder / f"{isa}.npz", isa == HOST) for isa, env in envs.items()}
         results = {isa: run.result() for isa, run in runs.items()}
     return results | {isa: results[HOST] for isa in same_as_host}
 
