@@ -1,8 +1,8 @@
 """llama.cpp's logits on the tiny synthetic model of each family, for tests/engine/test_synthetic_llama_cpp.py.
 
     python benchmarks/llama_cpp_synthetic.py --llama-python /path/to/llama-venv/bin/python
-    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe olmoe qwen2moe granitemoe \
-        --out tests/golden/synthetic-moe-llama-cpp.npz
+    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe olmoe qwen2moe \
+        granitemoe granitemoeshared --out tests/golden/synthetic-moe-llama-cpp.npz
 
 Writes every family's tiny GGUF (tests/engine/synthetic.py, seed 0, F32 and Q8_0 matrices) to a scratch
 directory, has llama-cpp-python (in its own virtual environment, never a dependency of ours) evaluate one
@@ -30,7 +30,8 @@ from tests.engine.synthetic import write_tiny_model  # noqa: E402
 
 FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3")
 # The mixture-of-experts families, in a golden file of their own:
-# --families qwen3moe olmoe qwen2moe granitemoe --out MOE_OUT.
+# --families qwen3moe olmoe qwen2moe granitemoe granitemoeshared --out MOE_OUT (granitemoeshared: a granitemoe
+# file with a shared expert).
 TYPES = (T.F32, T.Q8_0)
 IDS = [3, 250, 17, 260, 99, 5, 42, 261, 7, 128, 64, 200, 1, 33, 77, 150, 9, 211, 45, 120]  # 20 > window 5
 # Qwen3 with YaRN rope scaling: factor 4 over an original context of 16, attention factor 0.9, read over 40

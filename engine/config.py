@@ -62,7 +62,7 @@ class ModelConfig:
     n_expert: int = 0  # experts per MoE layer (expert_count); 0: a dense FFN
     n_expert_used: int = 0  # experts each token runs (expert_used_count, the router's top-k)
     d_ff_exp: int = 0  # hidden width of one expert's FFN (expert_feed_forward_length)
-    d_ff_shexp: int = 0  # hidden width of the shared expert (expert_shared_feed_forward_length, else d_ff)
+    d_ff_shexp: int = 0  # hidden width of the shared expert (expert_shared_feed_forward_length); 0: none
     residual_scale: float = 1.0  # each branch's output is multiplied by this before its residual (granite)
     logit_scale: float = 1.0  # the output logits are divided by this (granite)
 
@@ -113,8 +113,9 @@ class ModelConfig:
                 f"metadata {arch}.expert_count: {experts} experts (mixture of experts) is not supported"
             )
         moe = (key("expert_count"), key("expert_used_count"), key(spec.expert_width_key)) if spec.moe else ()
-        if spec.shared_expert:
-            moe += (key("expert_shared_feed_forward_length", int, key("feed_forward_length")),)
+        if spec.shared_expert:  # a plain shared expert exists only where the file gives its width
+            default = key("feed_forward_length") if spec.shared_expert == "gated" else 0
+            moe += (key("expert_shared_feed_forward_length", int, default),)
         value_dim = key("attention.value_length", int, head_dim)
         if value_dim != head_dim:
             raise UnsupportedModelError(
@@ -185,7 +186,7 @@ class ModelConfig:
             if not 0 < value < MAX_SIZE:
                 raise ModelFileError(f"metadata {self.arch}: {name} = {value} is not a sane size")
         if self.spec.moe:
-            shared = ("d_ff_shexp",) if self.spec.shared_expert else ()
+            shared = ("d_ff_shexp",) if self.spec.shared_expert == "gated" or self.d_ff_shexp else ()
             for name in ("n_expert", "n_expert_used", "d_ff_exp", *shared):
                 if not 0 < getattr(self, name) < MAX_SIZE:
                     raise ModelFileError(f"metadata {self.arch}: {name} = {getattr(self, name)} is not a sane size")
@@ -262,9 +263,10 @@ class ModelConfig:
                 out[p + "ffn_gate_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_up_exps.weight"] = ((d, fe, ne), True)
                 out[p + "ffn_down_exps.weight"] = ((fe, d, ne), True)
-                if self.spec.shared_expert:
+                if self.d_ff_shexp:
                     fs = self.d_ff_shexp
-                    out[p + "ffn_gate_inp_shexp.weight"] = ((d,), True)
+                    if self.spec.shared_expert == "gated":
+                        out[p + "ffn_gate_inp_shexp.weight"] = ((d,), True)
                     out[p + "ffn_gate_shexp.weight"] = ((d, fs), True)
                     out[p + "ffn_up_shexp.weight"] = ((d, fs), True)
                     out[p + "ffn_down_shexp.weight"] = ((fs, d), True)

@@ -39,9 +39,11 @@ class Family:
     moe: bool = False
     moe_norm_weights: bool = False  # the chosen experts' probabilities are renormalised to sum to 1 (norm_w)
     expert_width_key: str = "expert_feed_forward_length"  # the metadata key of one expert's FFN width
-    # A shared expert every token runs (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length wide, d_ff
-    # without it), its output scaled by sigmoid(ffn_gate_inp_shexp · h) and added to the routed sum (qwen2moe).
-    shared_expert: bool = False
+    # A shared expert every token runs (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length wide), its
+    # output added to the routed sum. "gated": in every layer (d_ff wide without the key), scaled by
+    # sigmoid(ffn_gate_inp_shexp · h) (qwen2moe); "plain": only in files that give the key, ungated (Granite MoE
+    # shared, llama.cpp's n_ff_shexp > 0); "": none.
+    shared_expert: str = ""
     # Granite's multipliers, from the file: embeddings × embedding_scale, each branch's output × residual_scale
     # before its residual, attention scores × attention.scale (for 1/√head_dim), logits ÷ logit_scale.
     granite_scales: bool = False
@@ -55,9 +57,13 @@ FAMILIES: dict[str, Family] = {
     "olmoe": Family(  # OLMoE-1B-7B: no renormalising; its experts are feed_forward_length wide
         rope_neox=True, qk_norm=True, qk_norm_rows=True, moe=True, expert_width_key="feed_forward_length"
     ),
-    "qwen2moe": Family(rope_neox=True, qkv_bias=True, moe=True, shared_expert=True),  # Qwen1.5-MoE, Qwen2-57B-A14B
-    "granitemoe": Family(  # Granite 3 MoE: experts feed_forward_length wide, renormalised
-        moe=True, moe_norm_weights=True, expert_width_key="feed_forward_length", granite_scales=True
+    "qwen2moe": Family(rope_neox=True, qkv_bias=True, moe=True, shared_expert="gated"),  # Qwen1.5-MoE, Qwen2-57B-A14B
+    "granitemoe": Family(  # Granite 3 MoE (and its "shared" variant): experts feed_forward_length wide, renormalised
+        moe=True,
+        moe_norm_weights=True,
+        expert_width_key="feed_forward_length",
+        granite_scales=True,
+        shared_expert="plain",
     ),
     "gemma2": Family(
         ffn="geglu", rope_neox=True, post_norms=True, embed_scale=True, softcap=True, swa_period=2, wide_scale_layers=46

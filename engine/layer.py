@@ -31,7 +31,7 @@ import numpy as np
 
 from . import rope
 from .kernels import WeightMatrix
-from .moe import RouterFfn
+from .moe import ExpertTensor, RouterFfn
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -273,17 +273,24 @@ P = TypeVar("P")
 
 
 def on_device(
-    parts: list[P], vector: Callable[[np.ndarray], Array], matrix: Callable[[WeightMatrix], Matrix]
+    parts: list[P],
+    vector: Callable[[np.ndarray], Array],
+    matrix: Callable[[WeightMatrix], Matrix],
+    experts: Callable[[ExpertTensor], Any],
 ) -> list[P]:
-    """Copies of specs (or of their parts: a Norm) with every array passed through `vector` and every weight
-    through `matrix`: a device's copy. An array that several layers share (the RoPE tables) is converted once."""
+    """Copies of specs (or of their parts: a Norm) with every array passed through `vector`, every weight
+    through `matrix` and every 3-D expert tensor through `experts`: a device's copy. An array that several layers
+    share (the RoPE tables) is converted once."""
     done: dict[int, Any] = {}
 
     def convert(value: Any) -> Any:
-        if isinstance(value, np.ndarray | WeightMatrix):
+        if isinstance(value, np.ndarray | WeightMatrix | ExpertTensor):
             if id(value) not in done:
-                done[id(value)] = vector(value) if isinstance(value, np.ndarray) else matrix(value)
+                make: Callable[[Any], Any] = experts if isinstance(value, ExpertTensor) else matrix
+                done[id(value)] = vector(value) if isinstance(value, np.ndarray) else make(value)
             return done[id(value)]
+        if isinstance(value, tuple):  # a router FFN's shared expert
+            return tuple(convert(v) for v in value)
         if is_dataclass(value) and not isinstance(value, type):
             return replace(value, **{f.name: convert(getattr(value, f.name)) for f in fields(value)})
         return value

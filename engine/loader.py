@@ -93,9 +93,6 @@ def load_model(
         raise ModelFileError(f"{file.path.name}: tensor token_embd.weight: missing or not a matrix")
     cfg = ModelConfig.from_metadata(file.metadata, n_vocab=embd.shape[1])
     warnings = []
-    if backend is not None and cfg.spec.moe:  # DeviceOps has no router op yet
-        warnings.append(f"mixture-of-experts layers run on the CPU only: {backend.label} not used")
-        backend = None
     if n_ctx > cfg.n_ctx_train:
         warnings.append(f"context {n_ctx} exceeds the model's trained {cfg.n_ctx_train}; using {cfg.n_ctx_train}")
         n_ctx = cfg.n_ctx_train

@@ -6,7 +6,8 @@ token's FFN output is their weighted sum (llama.cpp's `build_moe_ffn` with softm
     ids    = top-k of p                 (t, k), k = expert_used_count
     w      = p[ids] / sum(p[ids])       (t, k), renormalised where the family says so (qwen3moe: norm_w)
     out[i] = sum_j w[i, j] · down_e(silu(gate_e(h[i])) · up_e(h[i])),  e = ids[i, j]
-           + sigmoid(g_s · h[i]) · down_s(silu(gate_s(h[i])) · up_s(h[i]))   with a shared expert (qwen2moe)
+           + sigmoid(g_s · h[i]) · down_s(silu(gate_s(h[i])) · up_s(h[i]))   with a shared expert (qwen2moe;
+                                                                               Granite's: no sigmoid factor)
 
 The experts live in three 3-D tensors of the file (n_expert stacked matrices each), left mapped. An expert is a
 `WeightMatrix` view of its rows, made the first time a token chooses it; only then is it repacked (and its
@@ -15,7 +16,8 @@ groups them by expert: each chosen expert's weights are read once per pass, by o
 
 `RouterFfn` is a variant of a layer's FFN (engine/layer.py): its `apply` names the backend's op, `router_ffn`
 here for the CPU's prompt pass (PromptOps), which single tokens take too (the fused one-token kernel declines
-such layers). The device path has none yet: load_model keeps a mixture-of-experts model on the CPU.
+such layers), and engine/gpu/offload.py's DeviceOps.router_ffn on a device; both route with `route` and group
+with `by_expert`.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class RouterFfn:
     n_used: int  # experts per token (top-k)
     norm_weights: bool  # renormalise the chosen probabilities to sum to 1
     # The shared expert every token runs: its gate, up, down and its scalar gate ffn_gate_inp_shexp as a (1, d)
-    # matrix; None without one.
-    shared: tuple[WeightMatrix, WeightMatrix, WeightMatrix, WeightMatrix] | None = None
+    # matrix (None where ungated, Granite's); None without one.
+    shared: tuple[WeightMatrix, WeightMatrix, WeightMatrix, WeightMatrix | None] | None = None
 
     @classmethod
     def bind(cls, file: GGUFFile, cfg: ModelConfig, layer: int) -> RouterFfn:
@@ -95,12 +97,12 @@ class RouterFfn:
         router = WeightMatrix.from_raw(r.name, r.ggml_type, r.shape[1], r.shape[0], r.data)
         gate, up, down = (ExpertTensor.of(ts[p + f"ffn_{n}_exps.weight"]) for n in ("gate", "up", "down"))
         shared = None
-        if cfg.spec.shared_expert:
-            mats = []
-            for n in ("gate", "up", "down", "gate_inp"):
+        if cfg.d_ff_shexp:
+            mats: list[WeightMatrix | None] = [None] * 4
+            for i, n in enumerate(("gate", "up", "down", "gate_inp")[: 4 if cfg.spec.shared_expert == "gated" else 3]):
                 t = ts[p + f"ffn_{n}_shexp.weight"]
                 cols, rows = t.shape if len(t.shape) == 2 else (t.shape[0], 1)
-                mats.append(WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data))
+                mats[i] = WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
             shared = (mats[0], mats[1], mats[2], mats[3])
         return cls(router, gate, up, down, cfg.n_expert_used, cfg.spec.moe_norm_weights, shared)
 
@@ -111,7 +113,7 @@ class RouterFfn:
     def matrices(self) -> list[WeightMatrix]:
         """The matrices every token reads: the router and the shared expert. Experts are prepared when first chosen
         (`ExpertTensor`)."""
-        return [self.router, *(self.shared or ())]
+        return [self.router, *(m for m in self.shared or () if m is not None)]
 
     def touched(self) -> list[int]:
         """Experts whose weights have been read."""
@@ -131,6 +133,18 @@ def route(logits: np.ndarray, k: int, norm_weights: bool) -> tuple[np.ndarray, n
     return ids, w.astype(np.float32, copy=False)
 
 
+def by_expert(ids: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """The chosen experts ids (t, k) grouped by expert: (e, tokens (n_e,), slots (n_e,)) for each expert some
+    token chose, in expert order; slot s is token s // k's choice s % k (an index into ids.ravel()). A token
+    chooses an expert once, so an expert's tokens are distinct."""
+    k = ids.shape[1]
+    flat = ids.ravel()  # (t·k,)
+    order = np.argsort(flat, kind="stable")  # slots grouped by expert
+    experts, starts = np.unique(flat[order], return_index=True)
+    ends = np.append(starts[1:], len(order))
+    return [(e, order[s0:s1] // k, order[s0:s1]) for e, s0, s1 in zip(experts.tolist(), starts, ends, strict=True)]
+
+
 def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> np.ndarray:
     """h (t, d) float32 -> (t, d) float32, into out where given: each token through its chosen experts.
 
@@ -147,13 +161,7 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
         out = np.zeros((t, ffn.down.rows), dtype=np.float32)
     else:
         out[...] = 0.0
-    flat = ids.ravel()  # (t·k,): slot s is token s // k's choice s % k
-    order = np.argsort(flat, kind="stable")  # slots grouped by expert
-    experts, starts = np.unique(flat[order], return_index=True)
-    ends = np.append(starts[1:], len(order))
-    for e, s0, s1 in zip(experts.tolist(), starts.tolist(), ends.tolist(), strict=True):
-        slots = order[s0:s1]
-        tokens = slots // ffn.n_used  # (n_e,): distinct, as a token chooses an expert once
+    for e, tokens, slots in by_expert(ids):
         xe = h[tokens]  # (n_e, d)
         if len(tokens) == 1:  # decode: gate and up in one parallel launch, as the dense FFN's
             g, u = (a[None] for a in matvec_many([ffn.gate.expert(e), ffn.up.expert(e)], xe[0]))
@@ -167,6 +175,9 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
         g = matmul(gate, h, rowwise=True)  # (t, d_ff_shexp)
         u = matmul(up, h, rowwise=True)
         y = matmul(down, swiglu(g, u, out=g), rowwise=True)  # (t, d)
-        s = matmul(gate_inp, h, rowwise=True)  # (t, 1)
-        out += y / (1.0 + np.exp(-s))  # sigmoid-gated, as llama.cpp's silu(s) / s
+        if gate_inp is None:  # Granite's: ungated
+            out += y
+        else:
+            s = matmul(gate_inp, h, rowwise=True)  # (t, 1)
+            out += y / (1.0 + np.exp(-s))  # sigmoid-gated, as llama.cpp's silu(s) / s
     return out

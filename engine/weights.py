@@ -81,7 +81,7 @@ def check_tensors(file: GGUFFile, cfg: ModelConfig) -> None:
     """Every tensor the architecture needs is present, with the right shape and a type we can run."""
     for name in file.tensors:
         for part, feature in _UNSUPPORTED_TENSORS.items():
-            runs = cfg.spec.shared_expert if part == "_shexp." else cfg.spec.moe and feature.startswith("mixture")
+            runs = cfg.d_ff_shexp > 0 if part == "_shexp." else cfg.spec.moe and feature.startswith("mixture")
             if part in name and not runs:
                 raise UnsupportedModelError(f"tensor {name}: {feature} are not supported")
     for name, (shape, required) in cfg.expected_tensors().items():

@@ -3,6 +3,9 @@
 A `DeviceMatrix` holds W's raw GGUF bytes, uint8 (rows, row_bytes), uploaded once: a Q4 weight costs Q4 memory
 on the device. `matmul` decodes W a tile of rows at a time (decode.py) and multiplies each tile with
 xp.matmul (cuBLAS under CuPy), so the float32 copy never exceeds one tile.
+
+`DeviceExperts` is a mixture-of-experts layer's 3-D tensor the same way, raw uint8 (n_expert, rows, row_bytes):
+`expert(e)` is expert e's DeviceMatrix, a view of its slice, so a product decodes that expert's rows only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from ..kernels import WeightMatrix, pages
+from ..moe import ExpertTensor
 from .decode import DECODERS, decode_rows
 
 # Float32 values of W decoded at a time (16 MB; the decoders' temporaries take a few times that).
@@ -53,6 +57,39 @@ class DeviceMatrix:
     def decode(self, xp: ModuleType, r0: int = 0, r1: int | None = None) -> Any:
         """W[r0:r1] as float32 (r1 - r0, cols). The whole of W only for tests and small tensors."""
         return decode_rows(xp, self.ggml_type, self.raw[r0:r1], self.cols)
+
+
+@dataclass(frozen=True)
+class DeviceExperts:
+    """n_expert matrices (rows, cols) on the device as the file stores them: raw uint8 (n_expert, rows, row_bytes)."""
+
+    name: str
+    ggml_type: T
+    n_expert: int
+    rows: int  # output features of one expert
+    cols: int  # input features
+    raw: Any  # xp uint8 (n_expert, rows, row_bytes)
+
+    @classmethod
+    def upload(cls, xp: ModuleType, t: ExpertTensor) -> DeviceExperts:
+        """Copy the tensor's file bytes to the device, every expert in its encoding (under NumPy: a view)."""
+        if t.ggml_type not in DECODERS:
+            raise ValueError(f"tensor {t.name}: type {t.ggml_type.name} has no device decoder")
+        host = np.ascontiguousarray(t.data).view(np.uint8).reshape(t.n_expert, t.rows, -1)  # (n, rows, row_bytes)
+        raw = xp.asarray(host)
+        if xp is not np:
+            pages.release(host)
+        return cls(t.name, t.ggml_type, t.n_expert, t.rows, t.cols, raw)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.raw.nbytes)
+
+    def expert(self, e: int) -> DeviceMatrix:
+        """Expert e as a matrix (rows, cols): a view of its slice of the device bytes, no copy."""
+        if not 0 <= e < self.n_expert:
+            raise IndexError(f"{self.name}: expert {e} of {self.n_expert}")
+        return DeviceMatrix(f"{self.name}[{e}]", self.ggml_type, self.rows, self.cols, self.raw[e])
 
 
 def matmul(xp: ModuleType, w: DeviceMatrix, x: Any) -> Any:

@@ -3,7 +3,8 @@
 The layers run engine/layer.py's `run_layer`, as the CPU's do, over the same LayerSpecs uploaded to the device,
 with DeviceOps: each op on arrays of `backend.xp` (engine/gpu/ops.py), the KV cache device-resident.
 Activations cross from and to the CPU as NumPy arrays (t × d floats per call); weights and the cache stay on
-the device.
+the device. A mixture-of-experts layer's router logits cross too, (t, n_expert) floats: the experts are chosen
+on the host by the CPU's own `route`, and only those are decoded and multiplied on the device.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from ..layer import (
     rope_per_layer,
     run_layer,
 )
+from ..moe import ExpertTensor, RouterFfn, by_expert, route
 from ..weights import Weights
 from . import ops
 from .backend import Backend, DeviceError
-from .matrix import DeviceMatrix, matmul
+from .matrix import DeviceExperts, DeviceMatrix, matmul
 
 Array = Any  # an xp.ndarray
 
@@ -84,8 +86,13 @@ class DeviceOffload:
         def upload(w: WeightMatrix) -> DeviceMatrix:
             return DeviceMatrix.upload(xp, w)
 
-        self.layers = on_device(specs, xp.asarray, upload)  # the LayerSpecs, arrays and weights on the device
-        self.output_norm = on_device([output_norm(cfg, weights)], xp.asarray, upload)[0] if runs_output else None
+        def upload_experts(t: ExpertTensor) -> DeviceExperts:
+            return DeviceExperts.upload(xp, t)
+
+        # the LayerSpecs, arrays and weights on the device
+        self.layers = on_device(specs, xp.asarray, upload, upload_experts)
+        norm_out = on_device([output_norm(cfg, weights)], xp.asarray, upload, upload_experts) if runs_output else None
+        self.output_norm = norm_out[0] if norm_out else None
         self.output_w = DeviceMatrix.upload(xp, weights.output) if runs_output else None
 
     # -- set-up --------------------------------------------------------------------------------------------
@@ -94,7 +101,7 @@ class DeviceOffload:
         free = self.backend.free_bytes()
         if free is None:
             return
-        mats = [m for spec in specs for m in spec.matrices()]
+        mats = [m for spec in specs for m in (*spec.matrices(), *experts(spec))]
         if self.runs_output:
             mats.append(weights.output)
         need = sum(m.data.nbytes for m in mats) + cache_bytes(self.cfg, self.n_layers, n_ctx)
@@ -108,7 +115,7 @@ class DeviceOffload:
     @property
     def nbytes(self) -> int:
         """Device memory held by the weights."""
-        mats = [m for spec in self.layers for m in spec.matrices()]
+        mats = [m for spec in self.layers for m in (*spec.matrices(), *experts(spec))]
         if self.output_w is not None:
             mats.append(self.output_w)
         return sum(m.nbytes for m in mats)
@@ -142,6 +149,12 @@ class DeviceOffload:
         if self.cfg.final_softcap:
             logits = ops.soft_cap(xp, logits, self.cfg.final_softcap)
         return self.backend.to_host(logits)
+
+
+def experts(spec: LayerSpec) -> list[Any]:
+    """A mixture-of-experts layer's 3-D expert tensors, host's or device's (every expert is uploaded)."""
+    ffn = spec.ffn
+    return [ffn.gate, ffn.up, ffn.down] if isinstance(ffn, RouterFfn) else []
 
 
 def norm(xp: Any, x: Array, n: Norm) -> Array:
@@ -218,9 +231,33 @@ class DeviceOps:
             act = ops.geglu(xp, self._linear(ffn.gate, h), self._linear(ffn.up, h))
         return self._linear(ffn.down, act)  # (t, d)
 
-    def router_ffn(self, h: Array, ffn: Any) -> Array:
-        # load_model keeps a mixture-of-experts model on the CPU: no such layer reaches a device
-        raise NotImplementedError(f"{ffn.router.name}: mixture-of-experts layers do not run on a device yet")
+    def router_ffn(self, h: Array, ffn: RouterFfn) -> Array:
+        """engine/moe.py's router_ffn on the device: the router's logits (t, n_expert) go to the host, where the
+        CPU's `route` chooses (so both paths choose alike) and `by_expert` groups the tokens; each chosen expert
+        is then decoded from its slice of the 3-D tensors once and multiplied with all its tokens at once."""
+        xp = self.xp
+        logits = matmul(xp, ffn.router, h)  # (t, n_expert)
+        ids, weights = route(logits if xp is np else xp.asnumpy(logits), ffn.n_used, ffn.norm_weights)  # (t, k)
+        groups = by_expert(ids)
+        # Every group's tokens and weights, one after the other, in one upload each: (t·k,) and (t·k, 1)
+        tokens = xp.asarray(np.concatenate([g[1] for g in groups]))
+        w = xp.asarray(weights.ravel()[np.concatenate([g[2] for g in groups])][:, None])
+        out = xp.zeros((h.shape[0], ffn.down.rows), dtype=xp.float32)  # (t, d)
+        s0 = 0
+        for e, chosen_by, _slots in groups:
+            s1 = s0 + len(chosen_by)
+            rows = tokens[s0:s1]  # (n_e,)
+            xe = h[rows]  # (n_e, d)
+            act = ops.silu(xp, matmul(xp, ffn.gate.expert(e), xe)) * matmul(xp, ffn.up.expert(e), xe)  # (n_e, d_ff)
+            out[rows] += w[s0:s1] * matmul(xp, ffn.down.expert(e), act)  # (n_e, d)
+            s0 = s1
+        if ffn.shared is not None:
+            gate, up, down, gate_inp = ffn.shared
+            y = matmul(xp, down, ops.silu(xp, matmul(xp, gate, h)) * matmul(xp, up, h))  # (t, d)
+            if gate_inp is not None:  # qwen2moe's sigmoid gate; Granite's shared expert has none
+                y *= 1.0 / (1.0 + xp.exp(-matmul(xp, gate_inp, h)))  # (t, 1)
+            out += y
+        return out
 
     def residual(self, x: Array, y: Array, scale: float = 1.0) -> Array:
         if scale != 1.0:

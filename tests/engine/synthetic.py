@@ -61,7 +61,7 @@ class TinyModel:
     n_expert: int = 0  # qwen3moe, olmoe: experts per layer, each token running n_expert_used of them
     n_expert_used: int = 0
     d_ff_exp: int = 0
-    d_ff_shexp: int = 0  # qwen2moe: the shared expert's width
+    d_ff_shexp: int = 0  # qwen2moe, granitemoeshared: the shared expert's width
     granite: tuple[float, float, float, float] | None = None  # embedding, residual, attention, logit scales
     w: dict[str, np.ndarray] = field(default_factory=dict)  # name -> float64 values as stored (numpy order)
 
@@ -94,7 +94,12 @@ _SHAPES = {
     "gemma2": {"head_dim": 32, "window": 5, "attn_softcap": 1.5, "final_softcap": 6.0},
     "gemma3": {"head_dim": 32, "window": 5, "n_layer": 6, "rope_base": 1e6},
 }
+# Granite MoE with a shared expert (HF's granitemoeshared, a granitemoe GGUF): ungated, of its own width.
+_SHAPES["granitemoeshared"] = {**_SHAPES["granitemoe"], "d_ff_shexp": 96}
 GEMMA = ("gemma2", "gemma3")
+# Variants written under another family's GGUF architecture.
+GGUF_ARCH = {"llama3": "llama", "granitemoeshared": "granitemoe"}
+RENORMALISED = ("qwen3moe", "granitemoe", "granitemoeshared")  # the chosen experts' weights sum to 1
 
 
 def write_tiny_model(
@@ -112,7 +117,7 @@ def write_tiny_model(
                   n_layer=shape.pop("n_layer", 2), d_ff=shape.pop("d_ff", 128), n_ctx=n_ctx, eps=1e-5, yarn=yarn,
                   **shape)  # fmt: skip
     hd = m.hd
-    writer = gguf.GGUFWriter(str(path), "llama" if arch == "llama3" else arch)
+    writer = gguf.GGUFWriter(str(path), GGUF_ARCH.get(arch, arch))
     writer.add_context_length(m.n_ctx)
     writer.add_embedding_length(m.d)
     writer.add_block_count(m.n_layer)
@@ -133,7 +138,7 @@ def write_tiny_model(
     if m.n_expert:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
-        if arch not in ("olmoe", "granitemoe"):  # these have experts feed_forward_length wide, the key they read
+        if arch not in ("olmoe", "granitemoe", "granitemoeshared"):  # experts feed_forward_length wide, the key read
             writer.add_expert_feed_forward_length(m.d_ff_exp)
         if m.d_ff_shexp:
             writer.add_expert_shared_feed_forward_length(m.d_ff_shexp)
@@ -152,11 +157,11 @@ def write_tiny_model(
         writer.add_rope_scaling_attn_factors(yarn[2])
     for key, value in (extra or {}).items():
         if isinstance(value, str):
-            writer.add_string(f"{arch}.{key}", value)
+            writer.add_string(f"{GGUF_ARCH.get(arch, arch)}.{key}", value)
         elif isinstance(value, float):
-            writer.add_float32(f"{arch}.{key}", value)
+            writer.add_float32(f"{GGUF_ARCH.get(arch, arch)}.{key}", value)
         else:
-            writer.add_uint32(f"{arch}.{key}", value)
+            writer.add_uint32(f"{GGUF_ARCH.get(arch, arch)}.{key}", value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
@@ -220,7 +225,8 @@ def write_tiny_model(
                 matrix(p + "ffn_up_exps.weight", m.d_ff_exp, m.d, m.n_expert)
                 matrix(p + "ffn_down_exps.weight", m.d, m.d_ff_exp, m.n_expert)
                 if m.d_ff_shexp:
-                    vector(p + "ffn_gate_inp_shexp.weight", m.d, 0.0)
+                    if arch == "qwen2moe":  # Granite's shared expert has no gate
+                        vector(p + "ffn_gate_inp_shexp.weight", m.d, 0.0)
                     matrix(p + "ffn_gate_shexp.weight", m.d_ff_shexp, m.d)
                     matrix(p + "ffn_up_shexp.weight", m.d_ff_shexp, m.d)
                     matrix(p + "ffn_down_shexp.weight", m.d, m.d_ff_shexp)
@@ -412,14 +418,14 @@ def moe_ffn(m: TinyModel, h: np.ndarray, p: str, router_gaps: np.ndarray | None 
             ranked = np.sort(logits)[::-1]  # (n_expert,)
             gap = ranked[m.n_expert_used - 1] - ranked[m.n_expert_used]
             router_gaps[i] = gap if p == "blk.0." else min(router_gaps[i], gap)
-        chosen = prob[top] / prob[top].sum() if m.arch in ("qwen3moe", "granitemoe") else prob[top]
+        chosen = prob[top] / prob[top].sum() if m.arch in RENORMALISED else prob[top]
         for e, weight in zip(top, chosen, strict=True):
             g = w[p + "ffn_gate_exps.weight"][e] @ x  # (d_ff_exp,)
             u = w[p + "ffn_up_exps.weight"][e] @ x
             out[i] += weight * (w[p + "ffn_down_exps.weight"][e] @ (g / (1 + np.exp(-g)) * u))
-        if m.d_ff_shexp:  # Qwen2-MoE's shared expert, gated by sigmoid(ffn_gate_inp_shexp · x)
+        if m.d_ff_shexp:  # the shared expert: Qwen2-MoE's gated by sigmoid(ffn_gate_inp_shexp · x), Granite's not
             g, u = w[p + "ffn_gate_shexp.weight"] @ x, w[p + "ffn_up_shexp.weight"] @ x  # (d_ff_shexp,)
-            gate = 1 / (1 + np.exp(-(w[p + "ffn_gate_inp_shexp.weight"] @ x)))
+            gate = 1 / (1 + np.exp(-(w[p + "ffn_gate_inp_shexp.weight"] @ x))) if m.arch == "qwen2moe" else 1.0
             out[i] += gate * (w[p + "ffn_down_shexp.weight"] @ (g / (1 + np.exp(-g)) * u))
     return out
 

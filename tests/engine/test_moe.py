@@ -230,13 +230,3 @@ def test_memory_holds_only_the_chosen_experts(tmp_path) -> None:
         # measured; reading every expert maps them all.
         present = _present_pages(tensor.data)
         assert present < tensor.data.nbytes // 4096 // 4, f"{tensor.name}: {present} pages mapped"
-
-
-def test_a_device_keeps_qwen3moe_on_the_cpu(tiny, llama_cpp: dict) -> None:
-    """The device path has no router op: asked for one (the NumPy stand-in device), load_model says so and runs
-    every layer on the CPU, with the CPU's logits."""
-    model = load_model(tiny[T.Q8_0].path, n_ctx=64, device="numpy")
-    assert model.offload is None and model.device == "cpu"
-    assert any("mixture-of-experts layers run on the CPU only" in w for w in model.warnings)
-    ids = [int(i) for i in llama_cpp["ids"]]
-    np.testing.assert_array_equal(model.logits(ids), load_model(tiny[T.Q8_0].path, n_ctx=64).logits(ids))
