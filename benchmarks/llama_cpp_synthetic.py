@@ -3,7 +3,7 @@
     python benchmarks/llama_cpp_synthetic.py --llama-python /path/to/llama-venv/bin/python
     python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe olmoe qwen2moe \
         granitemoe granitemoeshared --out tests/golden/synthetic-moe-llama-cpp.npz
-    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families llama3 --types MXFP4 \
+    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families llama3 qwen3moe --types MXFP4 \
         --out tests/golden/synthetic-mxfp4-llama-cpp.npz
 
 Writes every family's tiny GGUF (tests/engine/synthetic.py, seed 0, F32 and Q8_0 matrices) to a scratch
