@@ -3,6 +3,8 @@
     python benchmarks/llama_cpp_synthetic.py --llama-python /path/to/llama-venv/bin/python
     python benchmarks/llama_cpp_synthetic.py --llama-python ... --families qwen3moe olmoe qwen2moe \
         granitemoe granitemoeshared --out tests/golden/synthetic-moe-llama-cpp.npz
+    python benchmarks/llama_cpp_synthetic.py --llama-python ... --families llama3 qwen3moe --types MXFP4 \
+        --out tests/golden/synthetic-mxfp4-llama-cpp.npz
 
 Writes every family's tiny GGUF (tests/engine/synthetic.py, seed 0, F32 and Q8_0 matrices) to a scratch
 directory, has llama-cpp-python (in its own virtual environment, never a dependency of ours) evaluate one
@@ -65,16 +67,18 @@ def main() -> int:
     ap.add_argument("--llama-python", required=True, help="python of a venv with llama-cpp-python installed")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--families", nargs="+", default=FAMILIES, help=f"default: {' '.join(FAMILIES)}")
+    ap.add_argument("--types", nargs="+", default=[t.name for t in TYPES], help="the matrices' ggml types")
     args = ap.parse_args()
+    types = [T[name] for name in args.types]
     with tempfile.TemporaryDirectory() as tmp:
         files, shas = {}, {}
         for family in args.families:
-            for ggml_type in TYPES:
+            for ggml_type in types:
                 name = f"{family}-{ggml_type.name}"
                 tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", family, matrix_type=ggml_type)
                 files[name] = str(tiny.path)
                 shas[name] = hashlib.sha256(tiny.path.read_bytes()).hexdigest()
-        for ggml_type in TYPES if "qwen3" in args.families else ():  # YaRN's file is a qwen3 one
+        for ggml_type in types if "qwen3" in args.families else ():  # YaRN's file is a qwen3 one
             name = f"qwen3-yarn-{ggml_type.name}"
             tiny = write_tiny_model(Path(tmp) / f"{name}.gguf", "qwen3", matrix_type=ggml_type, yarn=YARN)
             files[name] = str(tiny.path)

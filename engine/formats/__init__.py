@@ -20,12 +20,12 @@ from ..runtime import configure_numba
 
 configure_numba()  # before the format modules' @njit(cache=True): their kernels go to the kernel cache folder
 
-from . import bf16, f16, f32, iq4_nl, iq4_xs, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0  # noqa: E402
+from . import bf16, f16, f32, iq4_nl, iq4_xs, mxfp4, q2_k, q3_k, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0  # noqa: E402
 from .spec import Format, Packing  # noqa: E402
 
 __all__ = ["FORMATS", "QUANTIZED", "Format", "Packing", "bf16", "f16", "f32"]
 
-_MODULES = (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)
+_MODULES = (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4)
 
 # Every type the engine runs, in ggml's type-id order.
 FORMATS: dict[T, Format] = {m.FORMAT.type: m.FORMAT for m in sorted(_MODULES, key=lambda m: m.FORMAT.code)}

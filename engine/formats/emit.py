@@ -386,6 +386,12 @@ class Emitter:
         exp31 = b.icmp_unsigned("==", b.and_(v, splat_const(I32, n, 0x7C00)), splat_const(I32, n, 0x7C00))
         return b.select(exp31, special, finite)
 
+    def bf16s(self, s, off):
+        """L rows' bfloat16 fields at s[off] as <L x float>: exact, the 16 bits moved to the top of a float's."""
+        n = self.L
+        h = self.b.zext(self.load(s, off, I16, n), vt(I32, n))
+        return self.b.bitcast(self.b.shl(h, splat_const(I32, n, 16)), vt(F32, n))
+
     def fsplat(self, f):
         return self.splat(f, self.L)
 

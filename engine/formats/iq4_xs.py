@@ -101,7 +101,7 @@ def group(q, s, g, xq, dx, xsum, acc):
     for b in range(q.shape[1]):
         fd[:] = 0
         for i in range(8):
-            run_sum(q, g, b, 16 * i, xq, 8 * b + i, isum)
+            run_sum(q, g, b, 16 * i, xq, 8 * b + i, isum, KVALUES)
             da = dx[8 * b + i]
             for r in range(ROWS):
                 ls = np.int32(qbyte(q, g, b, 128 + i, r)) - 32

@@ -27,6 +27,12 @@ class Packing:
     # block at o) into block b, after the copies; unpack(q, s, g, b, r, out, o): their inverse into out[o:].
     repack: Kernel | None = None
     unpack: Kernel | None = None
+    filled: int = 0  # s fields after the halves that `repack` fills (MXFP4's scale, from its E8M0 byte)
+
+    @property
+    def s_fields(self) -> int:
+        """NS: the 16-bit fields per block in s."""
+        return len(self.halves) + self.filled
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class PackedWeight:
         n_groups = -(-rows // packed.ROWS)
         lanes, width = packed.layout(code)  # this CPU's kernels' layout
         q = np.zeros((n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
-        s = np.zeros((n_groups, cols // block, len(halves), packed.ROWS), dtype=np.uint16)
+        s = np.zeros((n_groups, cols // block, fmt.packing.s_fields, packed.ROWS), dtype=np.uint16)
         raw = np.ascontiguousarray(raw)
         step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice
         for g0 in range(0, n_groups, step):

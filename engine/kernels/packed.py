@@ -347,12 +347,13 @@ def pack(raw, fmt, block_bytes, copies, halves, q, s):
     lanes, hw = q.shape[4], q.shape[5] // 2  # rows per chunk, 16-bit words of a row side by side
     words = q.shape[3] * hw  # 16-bit words per block row
     w = block_bytes // 2
-    raw16 = raw.view(np.uint16)
     q16 = q.view(np.uint16).reshape(-1)
     for g in prange(q.shape[0]):
         for r in range(min(ROWS, d - g * ROWS)):
-            src_row = raw16[g * ROWS + r]
             row = raw[g * ROWS + r]
+            # as 16-bit words; a format of odd-sized blocks (MXFP4: 17 bytes) copies nothing and its repack moves
+            # every field, so a row of an odd number of bytes loses only a last byte no copy reads
+            src_row = row[: row.shape[0] & ~1].view(np.uint16)
             c, lane = r // lanes, r % lanes
             for b in range(nb):
                 base = ((g * nb + b) * (ROWS // lanes) + c) * words * lanes + lane * hw

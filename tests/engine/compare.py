@@ -84,7 +84,8 @@ INT8_REFERENCE_BOUND = 0.04
 # Bound 50% over the maximum: a last-bit change can move a float16 rounding.
 FLOAT_REFERENCE_BOUND = 0.002
 REFERENCE_BOUNDS = {"Q8_0": INT8_REFERENCE_BOUND, "Q4_0": INT8_REFERENCE_BOUND, "F32": FLOAT_REFERENCE_BOUND,
-                    "F16": FLOAT_REFERENCE_BOUND, "BF16": FLOAT_REFERENCE_BOUND}  # fmt: skip
+                    "F16": FLOAT_REFERENCE_BOUND, "BF16": FLOAT_REFERENCE_BOUND,
+                    "MXFP4": INT8_REFERENCE_BOUND}  # fmt: skip
 
 
 def assert_matches_reference(ours: np.ndarray, ref: np.ndarray, bound: float = INT8_REFERENCE_BOUND) -> None:

@@ -44,7 +44,9 @@ HALF_FIELDS = {
     T.Q6_K: (208,),
     T.IQ4_NL: (0,),
     T.IQ4_XS: (0,),
+    T.MXFP4: (),
 }
+E8M0_FIELDS = {T.MXFP4: (0,)}  # power-of-two scales 2**(e - 128): e from 118..123, finite values
 
 
 def random_rows(ggml_type: T, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -62,6 +64,8 @@ def random_rows(ggml_type: T, rows: int, cols: int, seed: int = 0) -> np.ndarray
         blocks = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
         for o in HALF_FIELDS[ggml_type]:
             blocks[:, o : o + 2] = rng.normal(0, 0.05, size=(n, 1)).astype(np.float16).view(np.uint8)
+        for o in E8M0_FIELDS.get(ggml_type, ()):
+            blocks[:, o] = rng.integers(118, 124, size=n)
     return np.ascontiguousarray(blocks).reshape(rows, -1)
 
 

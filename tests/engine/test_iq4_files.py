@@ -162,30 +162,30 @@ def test_greedy_continuations_match_llama_cpp(iq4) -> None:
 
 
 def test_types_still_not_run_are_refused_in_one_line(tmp_path: Path) -> None:
-    """A type the engine does not run (MXFP4 here: blocks of 32, so it fits the tiny model's rows of 64; the other
+    """A type the engine does not run (Q8_1 here: blocks of 32, so it fits the tiny model's rows of 64; the other
     i-quants, IQ2_XS, IQ3_S, ..., take the same check): one line naming the tensor and its type."""
     import gguf
 
     from engine import UnsupportedModelError
     from engine.kernels import SUPPORTED_TYPES
 
-    assert not {T.IQ1_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.MXFP4} & SUPPORTED_TYPES
+    assert not {T.IQ1_S, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.Q8_1} & SUPPORTED_TYPES
 
     from .synthetic import copy_metadata, write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "ok.gguf", "llama", matrix_type=T.F32)
-    path = tmp_path / "mxfp4.gguf"
+    path = tmp_path / "q8_1.gguf"
     reader = gguf.GGUFReader(tiny.path)
     writer = gguf.GGUFWriter(str(path), "llama")
     copy_metadata(reader, writer)
     for t in reader.tensors:
-        if t.name == "blk.0.ffn_up.weight":  # (128, 64): two MXFP4 blocks of 17 bytes a row
-            writer.add_tensor(t.name, np.zeros((128, 34), np.uint8), raw_dtype=T.MXFP4)
+        if t.name == "blk.0.ffn_up.weight":  # (128, 64): two Q8_1 blocks of 40 bytes a row
+            writer.add_tensor(t.name, np.zeros((128, 80), np.uint8), raw_dtype=T.Q8_1)
         else:
             writer.add_tensor(t.name, np.array(t.data))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match=r"^tensor blk\.0\.ffn_up\.weight: type MXFP4 is not supported$"):
+    with pytest.raises(UnsupportedModelError, match=r"^tensor blk\.0\.ffn_up\.weight: type Q8_1 is not supported$"):
         load_model(path)

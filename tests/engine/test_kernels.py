@@ -46,8 +46,12 @@ HALF_FIELDS = {
     T.Q6_K: [208],
     T.IQ4_NL: [0],
     T.IQ4_XS: [0],
+    T.MXFP4: [],
 }
 BLOCK_TYPES = list(HALF_FIELDS)
+# Byte offsets of E8M0 scales (2**(e - 128)): exponents drawn from 118..123, so values stay within ±12 · 2**-5,
+# where a random byte could reach 12 · 2**127 = inf.
+E8M0_FIELDS = {T.MXFP4: [0]}
 
 
 def random_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -56,6 +60,8 @@ def random_blocks(qtype: T, rows: int, cols: int, rng: np.random.Generator) -> n
     raw = rng.integers(0, 256, size=(rows * cols // block, block_bytes), dtype=np.uint8)
     for off in HALF_FIELDS[qtype]:
         raw[:, off : off + 2] = rng.uniform(-0.1, 0.1, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    for off in E8M0_FIELDS.get(qtype, []):
+        raw[:, off] = rng.integers(118, 124, raw.shape[0])
     return raw.reshape(rows, -1)
 
 
@@ -127,6 +133,35 @@ def test_block_formats_match_gguf_dequantize(qtype: T) -> None:
     w = WeightMatrix.from_raw("synthetic", qtype, rows, cols, raw)
     ref = oracle(qtype, raw, rows, cols)
     np.testing.assert_array_equal(dequantize(w), ref)
+    check_products(w, ref, rng)
+
+
+def test_mxfp4_every_scale_exponent_decodes_and_packs_as_gguf() -> None:
+    """Row e has E8M0 byte e in every block, e = 0..255: 2**-128 (subnormal) to 2**127 (times 12: inf, as in
+    gguf), exact through the file's blocks and, once repacked, through the packed copy's bfloat16 scales."""
+    rng = np.random.default_rng(39)
+    rows, cols = 256, 64
+    raw = rng.integers(0, 256, size=(rows, cols // 32, 17), dtype=np.uint8)
+    raw[:, :, 0] = np.arange(256, dtype=np.uint8)[:, None]
+    raw = raw.reshape(rows, -1)
+    with np.errstate(over="ignore"):
+        ref = oracle(T.MXFP4, raw, rows, cols)
+        w = WeightMatrix.from_raw("e8m0", T.MXFP4, rows, cols, raw)
+        np.testing.assert_array_equal(dequantize(w), ref)
+        w.prepare()
+        assert w.packed is not None
+        np.testing.assert_array_equal(dequantize(w), ref)
+    assert np.abs(ref[0]).max() == np.float32(12 * 2.0**-128)  # the subnormal scale is not flushed to zero
+    assert np.isinf(ref[255]).any()
+
+
+def test_mxfp4_rows_of_an_odd_number_of_blocks() -> None:
+    """Three 17-byte blocks a row (51 bytes): packing reads no 16-bit word of the file."""
+    rng = np.random.default_rng(40)
+    rows, cols = 70, 96
+    raw = random_blocks(T.MXFP4, rows, cols, rng)
+    w = WeightMatrix.from_raw("odd", T.MXFP4, rows, cols, raw)
+    ref = oracle(T.MXFP4, raw, rows, cols)
     check_products(w, ref, rng)
 
 
