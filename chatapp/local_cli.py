@@ -85,8 +85,8 @@ def load(
         device=settings.device,
         gpu_layers=settings.gpu_layers,
         requantize=requantize,
+        deterministic=settings.deterministic,
     )
-    model.deterministic = settings.deterministic
     if model.device != "cpu":
         say(f"running on {model.device}")
     return model

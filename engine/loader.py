@@ -52,6 +52,7 @@ def load_model(
     gpu_layers: int = -1,
     compile_kernels: bool = True,
     requantize: GGMLQuantizationType | None = None,
+    deterministic: bool = False,
 ) -> Model:
     """Open, check and bind a GGUF model. Raises EngineError subclasses with one-line messages.
 
@@ -64,6 +65,7 @@ def load_model(
     path in a second process, engine.prompt_compile). False leaves them to the first use.
     requantize: a type of engine.requantize.TYPES: the CPU's matrices re-encoded to it where that has fewer bits
     (a draft model's: its guesses are checked, so bytes matter more than precision). Not with a GPU.
+    deterministic: every prompt row computed as decoding its token alone computes it (Model.deterministic).
     """
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
@@ -119,6 +121,12 @@ def load_model(
             say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
             offload = offload_for(cfg, weights, n_ctx, backend, gpu_layers)
             device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
+
+        def warm_up(model: Model) -> None:
+            if compile_kernels:
+                _compile(model, helper, first_start, started.isa, say)
+            release_free_heap()  # what loading parsed and dropped
+
         model = Model(
             file,
             cfg,
@@ -130,13 +138,12 @@ def load_model(
             offload=offload,
             device=device,
             requantized=requantized,
+            deterministic=deterministic,
+            prepare=warm_up,
+            started=t0,
         )
-        if compile_kernels:
-            _compile(model, helper, first_start, started.isa, say)
     finally:
         prompt_compile.stop(helper)
-    release_free_heap()  # what loading parsed and dropped
-    model.load_s = time.perf_counter() - t0
     return model
 
 

@@ -10,6 +10,7 @@ runs each layer in one compiled call (kernels/one_token.py DecodeLayer) with the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -128,7 +129,13 @@ class Model:
         offload: Offload | None = None,
         device: str = "cpu",
         requantized: str = "",
+        deterministic: bool = False,
+        prepare: Callable[[Model], None] | None = None,
+        started: float | None = None,
     ):
+        """`prepare` runs once the model is whole (load_model's kernel warm-up); `load_s` then counts from
+        `started` (a time.perf_counter() reading, default now) to its end."""
+        started = time.perf_counter() if started is None else started
         self.file = file
         self.cfg = cfg
         self.weights = weights
@@ -137,7 +144,6 @@ class Model:
         self.threads = threads
         self.warnings: list[str] = warnings if warnings is not None else []
         """Notes for the user from loading (clamped context, tokenizer, device fallback); appended to later."""
-        self.load_s = 0.0  # what load_model took, compiling included: set by it once the kernels have run
         self.offload = offload  # the first layers on a device (--device cuda / --gpu-layers), or None
         self.device = device  # where the layers run, for display ("cpu", or the device and its share of layers)
         self.requantized = requantized  # what the weights were re-encoded to (a draft model's), for display
@@ -149,12 +155,15 @@ class Model:
         # (`forward`'s rowwise): logits then do not depend on how a prompt was split into passes or on what the
         # cache held before. Off by default: one-token attention rows cost Qwen2.5-Coder-1.5B's prefill far more
         # than 5 % past a few hundred positions (benchmarks/results/deterministic-prefill-intel-xeon.md).
-        self.deterministic = False
+        self.deterministic = deterministic
         self._decode_layers: list[DecodeLayer] | Literal[False] | None = False  # False: not built yet (_fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
         self._lock = threading.Lock()
         self._scratch = Scratch()  # a prompt pass's temporaries, reused by the next (under the lock)
+        if prepare is not None:
+            prepare(self)
+        self.load_s = time.perf_counter() - started  # what building took: load_model's, compiling included
 
     # -- text ------------------------------------------------------------------------------------------
 
