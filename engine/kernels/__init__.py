@@ -10,7 +10,7 @@ the SIMD block kernels of simd.py), built on the weight's first product and kept
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
 F16 and BF16 weights run floats.py on their 16-bit values. cpu.py keeps per-row float kernels of every type, for
-reference and for the float32 path. What each type is (layout, decoders, packing, emitters) comes from its module
+reference and for the float32 path. What each type is (layout, dequantizers, packing, emitters) comes from its module
 in engine/formats; nothing here names a quantized type.
 
 The package's names come from four modules by job: weight_matrix.py (the weight wrapper: `WeightMatrix`,

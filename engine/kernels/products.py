@@ -16,7 +16,7 @@ from ..formats.dispatch import tag
 from ..formats.fields import F16_TABLE
 from . import cpu, floats, packed
 from .scratch import Scratch
-from .weight_matrix import BLOCK_CODES, FLOAT_TYPES, HALF_TYPES, WeightMatrix, _decode_rows
+from .weight_matrix import BLOCK_CODES, FLOAT_TYPES, HALF_TYPES, WeightMatrix, dequantize_rows
 
 # Prefill dequantizes this many float32 values of W at a time before handing the tile to BLAS.
 _TILE_VALUES = 1 << 21  # 8 MB
@@ -45,12 +45,12 @@ def float_products() -> Iterator[None]:
 
 
 def _tiled_matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray) -> None:
-    """out = W @ x in float32, W decoded a tile at a time."""
+    """out = W @ x in float32, W dequantized a tile at a time."""
     step = max(1, min(w.rows, _TILE_VALUES // w.cols))
     tile = np.empty((step, w.cols), dtype=np.float32)
     for r0 in range(0, w.rows, step):
         r1 = min(w.rows, r0 + step)
-        np.matmul(_decode_rows(w, r0, tile[: r1 - r0]), x, out=out[r0:r1])
+        np.matmul(dequantize_rows(w, r0, tile[: r1 - r0]), x, out=out[r0:r1])
 
 
 def matvec(w: WeightMatrix, x: np.ndarray, out: np.ndarray | None = None, *, exact: bool | None = None) -> np.ndarray:
@@ -164,7 +164,7 @@ def matmul(
     tile = np.empty((step, w.cols), dtype=np.float32)
     for r0 in range(0, w.rows, step):
         r1 = min(w.rows, r0 + step)
-        np.matmul(xs, _decode_rows(w, r0, tile[: r1 - r0]).T, out=out[:, r0:r1])
+        np.matmul(xs, dequantize_rows(w, r0, tile[: r1 - r0]).T, out=out[:, r0:r1])
     return out
 
 

@@ -14,10 +14,10 @@ from .weight_matrix import FLOAT_TYPES, FLOAT_VALUES, WeightMatrix
 
 
 def embedding_rows(w: WeightMatrix, ids: np.ndarray, file_rows: pages.FileRows | None = None) -> np.ndarray:
-    """Rows `ids` of W, decoded: (len(ids), cols) float32. Only those rows are ever expanded.
+    """Rows `ids` of W, dequantized: (len(ids), cols) float32. Only those rows are ever expanded.
 
-    Decoded from the file's bytes by the format's array-module decoder, in NumPy: 20-30 µs a token (SmolLM2,
-    Qwen2.5 1.5B), where the compiled row decoders of every format cost a first start ~17 s of compiling.
+    Dequantized from the file's bytes by the format's array-module dequantizer, in NumPy: 20-30 µs a token (SmolLM2,
+    Qwen2.5 1.5B), where the compiled row dequantizers of every format cost a first start ~17 s of compiling.
     With `file_rows` (a reader of w.data's file) the bytes are read from the file, so that looking rows up
     never makes the mapped table resident (see pages.py); a failed read falls back to the mapping.
     """
@@ -32,7 +32,7 @@ def embedding_rows(w: WeightMatrix, ids: np.ndarray, file_rows: pages.FileRows |
         return np.ascontiguousarray(FLOAT_VALUES[w.ggml_type](rows), dtype=np.float32)  # rows is a copy already
     fmt = FORMATS[w.ggml_type]
     blocks = rows.reshape(-1, fmt.block_bytes)  # (t·nb, block_bytes)
-    return fmt.decode(np, blocks).reshape(len(rows), w.cols)
+    return fmt.dequantize(np, blocks).reshape(len(rows), w.cols)
 
 
 def rms_norm_rows(x: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray | None = None) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The weight wrapper: a matrix kept in its file encoding (`WeightMatrix`), and its copy repacked for the
-block kernels (`PackedWeight`, packed.py), built on the first product; with the decoding of its rows to float32.
+block kernels (`PackedWeight`, packed.py), built on the first product; with the dequantizing of its rows to float32.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class PackedWeight:
     def nbytes(self) -> int:
         return self.q.nbytes + self.s.nbytes
 
-    def decode_rows(self, r0: int, out: np.ndarray) -> None:
+    def dequantize_rows(self, r0: int, out: np.ndarray) -> None:
         """W[r0 : r0 + len(out)] -> out float32."""
         packed.dequantize_rows(self.q, self.s, self.fmt, self.block_bytes, self.copies, self.halves, F16_TABLE, r0, out)
 
@@ -119,7 +119,7 @@ class WeightMatrix:
     def packed_only(self) -> WeightMatrix:
         """W packed now, without its stored bytes: for a weight made in memory (engine/requantize.py), whose
         bytes would otherwise stay resident beside the packed copy. Its `data` is a read-only stand-in of the
-        same shape (zero strides, reads as zeros): products, decoders and the float32 path all read the packed
+        same shape (zero strides, reads as zeros): products, dequantizers and the float32 path all read the packed
         copy, and only token embeddings and GPU uploads read `data`, which such a weight never serves."""
         p = self.prepare().packed
         if p is None:
@@ -151,11 +151,11 @@ def _float_rows(w: WeightMatrix, r0: int, r1: int) -> np.ndarray:
     return FLOAT_VALUES[w.ggml_type](w.data[r0:r1])
 
 
-def _decode_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
+def dequantize_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
     """W[r0 : r0 + len(out)] as float32 into out; returns out (or, for F32, a view of W)."""
     p = w.packed
     if p is not None:
-        p.decode_rows(r0, out)
+        p.dequantize_rows(r0, out)
         return out
     code = BLOCK_CODES.get(w.ggml_type)
     if code is not None:
@@ -167,5 +167,5 @@ def _decode_rows(w: WeightMatrix, r0: int, out: np.ndarray) -> np.ndarray:
 def dequantize(w: WeightMatrix) -> np.ndarray:
     """The whole of W as float32 (rows, cols). For tests and small tensors only."""
     out = np.empty((w.rows, w.cols), dtype=np.float32)
-    got = _decode_rows(w, 0, out)
+    got = dequantize_rows(w, 0, out)
     return got if got is out else np.array(got, dtype=np.float32)
