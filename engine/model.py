@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -56,7 +56,8 @@ class Offload(Protocol):
 
     def new_cache(self, n_ctx: int) -> object: ...
 
-    def forward_layers(self, x: np.ndarray, cache: object, start: int) -> np.ndarray:
+    # The cache is the device's own object (`new_cache`'s); each offload takes its own type, hence Any.
+    def forward_layers(self, x: np.ndarray, cache: Any, start: int) -> np.ndarray:
         """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
         ...
 
@@ -75,6 +76,8 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, n_ctx: int, offload: Offload | None = None):
         first = offload.n_layers if offload is not None else 0
         rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
+        self.k: np.ndarray | list[np.ndarray]
+        self.v: np.ndarray | list[np.ndarray]
         if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, hd)
             shape = (len(rows), cfg.n_kv_head, n_ctx, cfg.head_dim)
             self.k, self.v = small_page_zeros(shape, np.float16), small_page_zeros(shape, np.float16)
@@ -194,13 +197,13 @@ class Model:
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of `ids` in a fresh context: float32 (len(ids), n_vocab)."""
-        ids = self._check_ids(ids)
-        if len(ids) > self.n_ctx:
-            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        cache = KVCache(self.cfg, len(ids), self.offload)
+        arr = self._check_ids(ids)
+        if len(arr) > self.n_ctx:
+            raise ContextFullError(f"{len(arr)} tokens do not fit the context of {self.n_ctx}")
+        cache = KVCache(self.cfg, len(arr), self.offload)
         parts = [
-            self.forward(ids[i : i + PREFILL_CHUNK], cache, i, last_only=False)
-            for i in range(0, len(ids), PREFILL_CHUNK)
+            self.forward(arr[i : i + PREFILL_CHUNK], cache, i, last_only=False)
+            for i in range(0, len(arr), PREFILL_CHUNK)
         ]
         return np.concatenate(parts, axis=0)
 
@@ -307,6 +310,7 @@ class Session:
             self.tokens.extend(int(t) for t in chunk)
             if on_chunk is not None:
                 on_chunk(len(chunk))
+        assert logits is not None  # _check_ids refuses an empty list: the loop ran
         return logits[0]
 
     def eval_all(self, ids: Sequence[int]) -> np.ndarray:

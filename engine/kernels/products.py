@@ -16,7 +16,7 @@ from ..formats.dispatch import tag
 from ..formats.fields import F16_TABLE
 from . import cpu, floats, packed
 from .scratch import Scratch
-from .weight_matrix import BLOCK_CODES, FLOAT_TYPES, HALF_TYPES, WeightMatrix, dequantize_rows
+from .weight_matrix import BLOCK_CODES, FLOAT_TYPES, HALF_TYPES, PackedWeight, WeightMatrix, dequantize_rows
 
 # Prefill dequantizes this many float32 values of W at a time before handing the tile to BLAS.
 _TILE_VALUES = 1 << 21  # 8 MB
@@ -97,15 +97,17 @@ def matvec_many(ws: Sequence[WeightMatrix], x: np.ndarray) -> list[np.ndarray]:
     if _float_products:
         return [matvec(w, x) for w in ws]
     outs = [np.empty(w.rows, dtype=np.float32) for w in ws]
-    idx = []
+    idx: list[int] = []  # the packed ones: their index in ws, and their packed copy
+    ps: list[PackedWeight] = []
     for i, w in enumerate(ws):
         if w.cols != x.shape[0]:
             raise ValueError(f"{w.name}: {w.cols} columns, x has {x.shape[0]}")
-        if w.prepare().packed is None:
+        p = w.prepare().packed
+        if p is None:
             matvec(w, x, outs[i])
         else:
             idx.append(i)
-    ps = [ws[i].packed for i in idx]
+            ps.append(p)
     if len(ps) > 1 and sum(p.nbytes for p in ps) >= PARALLEL_MIN_BYTES:
         qs, ss, fmts = tuple(p.q for p in ps), tuple(p.s for p in ps), tuple(p.fmt for p in ps)
         packed.matvec_many(qs, ss, fmts, x, tuple(outs[i] for i in idx))

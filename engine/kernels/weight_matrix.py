@@ -97,6 +97,7 @@ class WeightMatrix:
     @classmethod
     def from_raw(cls, name: str, ggml_type: T, rows: int, cols: int, raw: np.ndarray) -> WeightMatrix:
         """Wrap the tensor bytes as the file stores them (any dtype view of the same buffer)."""
+        data: np.ndarray
         if ggml_type == f32.TYPE:
             data = raw.view(np.float32).reshape(rows, cols)
         elif ggml_type in HALF_TYPES:
