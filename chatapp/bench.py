@@ -43,8 +43,8 @@ def measure_chat(model: Model, prompt: list[int], n_gen: int, drafter: Drafter |
     from engine.chat import ChatSession
     from engine.sampling import SamplingSettings
 
-    chat = ChatSession(model, SamplingSettings(temperature=0.0, max_tokens=n_gen), drafter=drafter)
-    chat.stop_ids = set()  # always n_gen tokens
+    settings = SamplingSettings(temperature=0.0, max_tokens=n_gen)
+    chat = ChatSession(model, settings, drafter=drafter, stop_ids=())  # always n_gen tokens
     stats = list(chat.stream_completion(prompt))[-1]
     assert isinstance(stats, TurnStats)
     return stats

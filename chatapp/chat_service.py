@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from chatapp.backend import ChatBackend
 from chatapp.chat_state import ChatState, LiveMetrics, ToolRecord, ToolRound, Turn
@@ -56,10 +56,17 @@ class ActiveReply:
     constraint: GrammarSpec | None = None  # the reply format in force when it started
 
 
+class Replier(Protocol):
+    """What `generate_reply` needs of a backend: a ChatBackend, or one with this round's tools (chatapp.mcp)."""
+
+    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]: ...
+    def cancel(self) -> None: ...
+
+
 def generate_reply(
-    backend: ChatBackend,
+    backend: Replier,
     messages: Sequence[Message],
-    on_token: Callable[[TokenEvent, float], None],
+    on_token: Callable[[TokenEvent, float], object],
     stop: threading.Event | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> TurnStats:

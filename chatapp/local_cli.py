@@ -85,10 +85,10 @@ def load(
         device=settings.device,
         gpu_layers=settings.gpu_layers,
         requantize=requantize,
+        deterministic=settings.deterministic,
         cache_type_k=settings.cache_type_k,
         cache_type_v=settings.cache_type_v,
     )
-    model.deterministic = settings.deterministic
     if model.device != "cpu":
         say(f"running on {model.device}")
     return model

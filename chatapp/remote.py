@@ -715,7 +715,9 @@ def _model_ids(listing: object, where: str) -> list[tuple[str, dict[str, Any]]]:
 def _context_size(entry: dict[str, Any], client: openai.OpenAI, kind: ServerKind) -> int:
     """The served context, where the server tells it: vLLM's max_model_len, chatapp's meta.n_ctx, llama-server's
     /props. 0 when unknown."""
-    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    meta = entry.get("meta")
+    if not isinstance(meta, dict):
+        meta = {}
     for value in (entry.get("max_model_len"), meta.get("n_ctx")):
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value

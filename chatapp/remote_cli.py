@@ -131,9 +131,9 @@ def bench_remote(args: argparse.Namespace, settings: AppSettings) -> int:
     random prompt (so no prompt cache helps), greedy, `ignore_eos` where the server knows it."""
     import dataclasses
 
-    backend = open_remote(args, settings, say)
-    backend.logprobs = False
-    backend.settings = dataclasses.replace(settings.sampling, temperature=0.0, seed=0, max_tokens=args.n_gen)
+    greedy = dataclasses.replace(settings.sampling, temperature=0.0, seed=0, max_tokens=args.n_gen)
+    remote = dataclasses.replace(settings.remote, logprobs=False)
+    backend = open_remote(args, dataclasses.replace(settings, sampling=greedy, remote=remote), say)
     extra = {"ignore_eos": True, "cache_prompt": False}  # llama-server's and vLLM's; others ignore them
 
     def once(seed: int, n_prompt: int) -> tuple[float, float, int, int]:

@@ -83,3 +83,10 @@ def to_floats(xp: Any, rows: Array) -> Array:
     d = xp.ascontiguousarray(blocks[:, :2]).view(xp.float16).astype(xp.float32)  # (n_blocks, 1)
     qs = xp.ascontiguousarray(blocks[:, 2:]).view(xp.int8).astype(xp.float32)  # (n_blocks, 32)
     return (d * qs).reshape(*lead, width // Q8_BYTES * Q8_BLOCK)
+
+
+def cache_bits(cache: np.ndarray) -> np.ndarray:
+    """A cache as the kernels take it: float16 as its bit patterns (uint16), q8_0 blocks (uint8) as they are."""
+    import numpy as np  # noqa: PLC0415 (this module stays importable without NumPy loaded)
+
+    return cache if cache.dtype == np.uint8 else cache.view(np.uint16)

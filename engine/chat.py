@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -66,6 +66,8 @@ class _Turn:
     valid: SamplingSettings  # `settings`, validated
     shaper: _LogitShaper | None
     state: ConstraintState | None  # the grammar's position, when there is a grammar
+    stop_ids: Collection[int]  # tokens that end the reply
+    stop_strings: tuple[str, ...]  # texts that end the reply (cut before them)
     generated: list[int] = field(default_factory=list)
     # Drafted tokens already in the cache, each with the target's logits after it, oldest first: the next
     # token is checked against queue[0][0], and on acceptance the logits become queue[0][1] (`after`).
@@ -74,6 +76,15 @@ class _Turn:
     drafted: int = 0  # guesses made
     accepted: int = 0  # guesses accepted
     passes: int = 0  # target passes after the prefill
+
+
+def _stop_string_at(stop_strings: tuple[str, ...], reply: str, new: int) -> int | None:
+    """Where a stop string starts in `reply`, looking only where the newest text could complete one."""
+    for s in stop_strings:
+        at = reply.find(s, max(0, len(reply) - new - len(s) + 1))
+        if at >= 0:
+            return at
+    return None
 
 
 class ChatSession:
@@ -92,6 +103,7 @@ class ChatSession:
         display_name: str | None = None,
         kv_store: KVStore | None = None,
         autosave: bool = False,
+        stop_ids: Collection[int] | None = None,
     ):
         self.model = model
         self.display_name = display_name  # see model_name
@@ -123,8 +135,9 @@ class ChatSession:
         self._dropped_now = False
         self._warned: set[str] = set()
         self._tools: tuple[ToolSpec, ...] = ()  # the current turn's tools (the prompt is refitted with them)
-        self.stop_ids = set(tok.eot_ids)
-        for text in self.template.end_of_turn_strings():
+        self.stop_ids = set(tok.eot_ids) if stop_ids is None else set(stop_ids)
+        """Tokens that end a reply: by default the model's end-of-turn ones (empty: always up to max_tokens)."""
+        for text in self.template.end_of_turn_strings() if stop_ids is None else ():
             ids = tok.tokenize(text, special=True)
             if len(ids) == 1:
                 self.stop_ids.add(ids[0])
@@ -238,10 +251,15 @@ class ChatSession:
         *,
         constraint: GrammarSpec | None = None,
         logit_bias: Mapping[int, float] | None = None,
+        stop: Sequence[str] | None = None,
+        stop_ids: Collection[int] | None = None,
     ) -> Iterator[TokenEvent | TurnStats]:
         """Continue raw token ids (no template); stops with 'context' when the cache is full.
 
-        `constraint` and `logit_bias` as in `stream_reply`."""
+        `constraint` and `logit_bias` as in `stream_reply`. `stop` and `stop_ids`: this call's stop strings and
+        tokens in place of the session's (`stop_ids=()`: always up to max_tokens)."""
+        stops = (self.stop_ids if stop_ids is None else stop_ids,
+                 self.stop_strings if stop is None else tuple(s for s in stop if s))  # fmt: skip
         shaper = _LogitShaper.build(self.model.tokenizer, constraint, logit_bias)
         t_start = time.perf_counter()
         valid, notes = self.settings.validated()
@@ -249,7 +267,7 @@ class ChatSession:
             self._cancel.clear()
             yield self._stats(len(prompt), 0, 0, 0.0, 0.0, 0.0, 0, STOP_CONTEXT, "", 0, notes)
             return
-        yield from self._generate(list(prompt), None, 0, 0, t_start, notes, shaper)
+        yield from self._generate(list(prompt), None, 0, 0, t_start, notes, shaper, stops)
 
     def _generate(
         self,
@@ -260,6 +278,7 @@ class ChatSession:
         t_start: float,
         notes: list[str],
         shaper: _LogitShaper | None = None,
+        stops: tuple[Collection[int], tuple[str, ...]] | None = None,
     ) -> Iterator[TokenEvent | TurnStats]:
         """Prefill what the cache lacks of `prompt`, then step until a stop (`messages`: for shifts).
 
@@ -272,7 +291,9 @@ class ChatSession:
         settings = self.settings
         valid = settings.validated()[0]
         seed = valid.seed if valid.seed >= 0 else int.from_bytes(os.urandom(4), "little")
-        turn = _Turn(prompt, Sampler(seed), settings, valid, shaper, shaper.start() if shaper is not None else None)
+        stop_ids, stop_strings = stops if stops is not None else (self.stop_ids, self.stop_strings)
+        state = shaper.start() if shaper is not None else None
+        turn = _Turn(prompt, Sampler(seed), settings, valid, shaper, state, stop_ids, stop_strings)
         detokenizer = self.model.stream_detokenizer()
         reply = ""
         forward_ms = pre.prefill_ms
@@ -286,13 +307,13 @@ class ChatSession:
             t1 = time.perf_counter()
             res, drafted = self._step(turn, logits)
             sample_ms = (time.perf_counter() - t1) * 1000
-            if res.token_id in self.stop_ids:
+            if res.token_id in turn.stop_ids:
                 stop = STOP_EOS
                 break
             turn.generated.append(res.token_id)
             piece = detokenizer.push(res.token_id)
             reply += piece
-            cut = self._stop_string_at(reply, len(piece))
+            cut = _stop_string_at(turn.stop_strings, reply, len(piece))
             if cut is not None:
                 piece = piece[: max(0, len(piece) - (len(reply) - cut))]
                 reply = reply[:cut]
@@ -402,7 +423,7 @@ class ChatSession:
                 turn.queue.clear()
         else:
             res = sampler.sample(logits, settings, recent)
-        if turn.state is not None and res.token_id not in self.stop_ids:
+        if turn.state is not None and res.token_id not in turn.stop_ids:
             while not turn.state.accept(res.token_id):  # only a lazy grammar's trigger token can be refused here
                 logits[res.token_id] = -np.inf
                 res = sampler.sample(logits, settings, recent)
@@ -519,14 +540,6 @@ class ChatSession:
         """Room kept free for the reply when fitting the prompt."""
         quarter = max(1, self.n_ctx // 4)
         return min(s.max_tokens, quarter) if s.max_tokens > 0 else quarter
-
-    def _stop_string_at(self, reply: str, new: int) -> int | None:
-        """Where a stop string starts in `reply`, looking only where the newest text could complete one."""
-        for s in self.stop_strings:
-            at = reply.find(s, max(0, len(reply) - new - len(s) + 1))
-            if at >= 0:
-                return at
-        return None
 
     def _fit(self, messages: list[Message], reserve: int) -> tuple[list[int] | None, list[Message] | None]:
         """The prompt that fits n_ctx - reserve: the system prompt, then the most recent turns.

@@ -116,10 +116,11 @@ class KVStore:
         n = session.n_past
         if n == 0 or self.max_bytes <= 0 or session.cache.device is not None:  # offloaded layers stay on the GPU
             return None
-        if session.cache.ring_rows is not None:  # sliding-window rings hold other positions than the first n
+        k, v = session.cache.k, session.cache.v
+        # Sliding-window rings (a list of per-layer arrays) hold other positions than the first n.
+        if session.cache.ring_rows is not None or not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             return None
         tokens = list(session.tokens)
-        k, v = session.cache.k, session.cache.v
         header = {
             "version": VERSION,
             "model_sha256": model_sha,
@@ -153,7 +154,10 @@ class KVStore:
     ) -> int:
         """Load the saved cache that shares the longest prefix with `prompt`, if it holds at least `at_least`
         more of it than the session already does, into `session`; the positions restored, 0 if none."""
+        cache_k, cache_v = session.cache.k, session.cache.v
         if session.cache.device is not None or session.cache.ring_rows is not None:  # see save
+            return 0
+        if not isinstance(cache_k, np.ndarray) or not isinstance(cache_v, np.ndarray):  # rings: see save
             return 0
         have = common_prefix(session.tokens, prompt)
         best, best_n = None, have + max(at_least, 1) - 1
@@ -173,8 +177,8 @@ class KVStore:
         tokens, k, v = loaded
         n = min(common_prefix(tokens, prompt), best_n)
         session.truncate(0)
-        session.cache.k[:, :, :n] = k[:, :, :n]
-        session.cache.v[:, :, :n] = v[:, :, :n]
+        cache_k[:, :, :n] = k[:, :, :n]
+        cache_v[:, :, :n] = v[:, :, :n]
         session.tokens.extend(tokens[:n])
         os.utime(best.path)  # used: last to be evicted
         return n
@@ -200,6 +204,8 @@ class KVStore:
         except (ValueError, KeyError, TypeError):
             return None
         ck, cv = session.cache.k, session.cache.v
+        if not isinstance(ck, np.ndarray) or not isinstance(cv, np.ndarray):  # rings: see save
+            return None
         expected = (header.get("version"), header.get("model_sha256"), header.get("template_sha256"))
         if expected != (VERSION, model_sha, template_sha) or _types(header) != (type_of(ck), type_of(cv)):
             return None  # never bytes read as another type

@@ -53,6 +53,7 @@ def load_model(
     gpu_layers: int = -1,
     compile_kernels: bool = True,
     requantize: GGMLQuantizationType | None = None,
+    deterministic: bool = False,
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
 ) -> Model:
@@ -67,6 +68,7 @@ def load_model(
     path in a second process, engine.prompt_compile). False leaves them to the first use.
     requantize: a type of engine.requantize.TYPES: the CPU's matrices re-encoded to it where that has fewer bits
     (a draft model's: its guesses are checked, so bytes matter more than precision). Not with a GPU.
+    deterministic: every prompt row computed as decoding its token alone computes it (Model.deterministic).
     cache_type_k, cache_type_v: how the KV cache stores keys and values, engine.cache_types.CACHE_TYPES ("f16",
     "q8_0"), as llama.cpp's -ctk and -ctv.
     """
@@ -124,6 +126,12 @@ def load_model(
             say(f"uploading {n_device} layers{' and the output' if with_output else ''} to {backend.label}")
             offload = offload_for(cfg, weights, n_ctx, backend, gpu_layers)
             device = f"{backend.label}, {n_device}/{cfg.n_layer} layers" + (" + output" if with_output else "")
+
+        def warm_up(model: Model) -> None:
+            if compile_kernels:
+                _compile(model, helper, first_start, started.isa, say)
+            release_free_heap()  # what loading parsed and dropped
+
         model = Model(
             file,
             cfg,
@@ -135,14 +143,14 @@ def load_model(
             offload=offload,
             device=device,
             requantized=requantized,
+            deterministic=deterministic,
+            cache_type_k=cache_type_k,
+            cache_type_v=cache_type_v,
+            prepare=warm_up,
+            started=t0,
         )
-        model.cache_type_k, model.cache_type_v = cache_type_k, cache_type_v
-        if compile_kernels:
-            _compile(model, helper, first_start, started.isa, say)
     finally:
         prompt_compile.stop(helper)
-    release_free_heap()  # what loading parsed and dropped
-    model.load_s = time.perf_counter() - t0
     return model
 
 

@@ -10,8 +10,9 @@ runs each layer in one compiled call (kernels/one_token.py DecodeLayer) with the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -58,7 +59,8 @@ class Offload(Protocol):
         """The offloaded layers' cache for n_ctx positions, keys and values stored as those cache types."""
         ...
 
-    def forward_layers(self, x: np.ndarray, cache: object, start: int) -> np.ndarray:
+    # The cache is the device's own object (`new_cache`'s); each offload takes its own type, hence Any.
+    def forward_layers(self, x: np.ndarray, cache: Any, start: int) -> np.ndarray:
         """x (t, d) float32 at positions start.. through the offloaded layers -> (t, d) float32."""
         ...
 
@@ -80,6 +82,8 @@ class KVCache:
     ):
         first = offload.n_layers if offload is not None else 0
         rows = [cfg.cache_rows(li, n_ctx) for li in range(first, cfg.n_layer)]
+        self.k: np.ndarray | list[np.ndarray]
+        self.v: np.ndarray | list[np.ndarray]
         (dtype_k, width_k), (dtype_v, width_v) = row_layout(type_k, cfg.head_dim), row_layout(type_v, cfg.head_dim)
         if all(r == n_ctx for r in rows):  # no ring: one array, (layer - first, kv head, position, width)
             self.k = small_page_zeros((len(rows), cfg.n_kv_head, n_ctx, width_k), dtype_k)
@@ -136,7 +140,15 @@ class Model:
         offload: Offload | None = None,
         device: str = "cpu",
         requantized: str = "",
+        deterministic: bool = False,
+        cache_type_k: str = "f16",
+        cache_type_v: str = "f16",
+        prepare: Callable[[Model], None] | None = None,
+        started: float | None = None,
     ):
+        """`prepare` runs once the model is whole (load_model's kernel warm-up); `load_s` then counts from
+        `started` (a time.perf_counter() reading, default now) to its end."""
+        started = time.perf_counter() if started is None else started
         self.file = file
         self.cfg = cfg
         self.weights = weights
@@ -145,7 +157,6 @@ class Model:
         self.threads = threads
         self.warnings: list[str] = warnings if warnings is not None else []
         """Notes for the user from loading (clamped context, tokenizer, device fallback); appended to later."""
-        self.load_s = 0.0  # what load_model took, compiling included: set by it once the kernels have run
         self.offload = offload  # the first layers on a device (--device cuda / --gpu-layers), or None
         self.device = device  # where the layers run, for display ("cpu", or the device and its share of layers)
         self.requantized = requantized  # what the weights were re-encoded to (a draft model's), for display
@@ -157,15 +168,18 @@ class Model:
         # (`forward`'s rowwise): logits then do not depend on how a prompt was split into passes or on what the
         # cache held before. Off by default: one-token attention rows cost Qwen2.5-Coder-1.5B's prefill far more
         # than 5 % past a few hundred positions (benchmarks/results/deterministic-prefill-intel-xeon.md).
-        self.deterministic = False
-        # The KV cache's types (engine/cache_types.py, llama.cpp's -ctk/-ctv): of every cache made from here on.
-        self.cache_type_k = "f16"
-        self.cache_type_v = "f16"
+        self.deterministic = deterministic
+        # The KV cache's types (engine/cache_types.py, llama.cpp's -ctk/-ctv): of every cache this model makes.
+        self.cache_type_k = cache_type_k
+        self.cache_type_v = cache_type_v
         self._decode_layers: list[DecodeLayer] | Literal[False] | None = False  # False: not built yet (_fast_layers)
         # The kernels use every core; two threads entering at once would oversubscribe them (and Numba's
         # workqueue layer aborts on it). One forward pass at a time, whoever calls.
         self._lock = threading.Lock()
         self._scratch = Scratch()  # a prompt pass's temporaries, reused by the next (under the lock)
+        if prepare is not None:
+            prepare(self)
+        self.load_s = time.perf_counter() - started  # what building took: load_model's, compiling included
 
     # -- text ------------------------------------------------------------------------------------------
 
@@ -200,13 +214,13 @@ class Model:
 
     def logits(self, ids: Sequence[int]) -> np.ndarray:
         """Logits at every position of `ids` in a fresh context: float32 (len(ids), n_vocab)."""
-        ids = self._check_ids(ids)
-        if len(ids) > self.n_ctx:
-            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.n_ctx}")
-        cache = self.new_cache(len(ids))
+        arr = self._check_ids(ids)
+        if len(arr) > self.n_ctx:
+            raise ContextFullError(f"{len(arr)} tokens do not fit the context of {self.n_ctx}")
+        cache = self.new_cache(len(arr))
         parts = [
-            self.forward(ids[i : i + PREFILL_CHUNK], cache, i, last_only=False)
-            for i in range(0, len(ids), PREFILL_CHUNK)
+            self.forward(arr[i : i + PREFILL_CHUNK], cache, i, last_only=False)
+            for i in range(0, len(arr), PREFILL_CHUNK)
         ]
         return np.concatenate(parts, axis=0)
 
@@ -313,6 +327,7 @@ class Session:
             self.tokens.extend(int(t) for t in chunk)
             if on_chunk is not None:
                 on_chunk(len(chunk))
+        assert logits is not None  # _check_ids refuses an empty list: the loop ran
         return logits[0]
 
     def eval_all(self, ids: Sequence[int]) -> np.ndarray:

@@ -103,7 +103,9 @@ class RouterFfn:
                 t = ts[p + f"ffn_{n}_shexp.weight"]
                 cols, rows = t.shape if len(t.shape) == 2 else (t.shape[0], 1)
                 mats[i] = WeightMatrix.from_raw(t.name, t.ggml_type, rows, cols, t.data)
-            shared = (mats[0], mats[1], mats[2], mats[3])
+            gate_s, up_s, down_s, gate_inp_s = mats
+            assert gate_s is not None and up_s is not None and down_s is not None  # the three are always read
+            shared = (gate_s, up_s, down_s, gate_inp_s)
         return cls(router, gate, up, down, cfg.n_expert_used, cfg.spec.moe_norm_weights, shared)
 
     def apply(self, ops: Any, h: np.ndarray) -> Any:

@@ -4,7 +4,7 @@ A draft model only guesses: the target checks every guess, so the reply is the s
 precision. Decode reads every weight once a token, so a draft's cost per guess is its bytes: Qwen2.5-Coder-0.5B
 Q4_K_M reads 392 MB a token (a Q8_0 output head of 145 MB, Q5_0 and Q6_K layers), 278 MB once every matrix
 stored in more than Q4_0's 4.5 bits per weight is Q4_0. Matrices at or under that stay as they are, so Q4_K
-keeps its finer scales. The values are decoded to float32 and quantized by the format's quantizer (Q4_0's writes
+keeps its finer scales. The values are dequantized to float32 and quantized by the format's quantizer (Q4_0's writes
 the bytes of ggml's `quantize_row_q4_0_ref`), a slice of rows at a time, then packed for this CPU's kernels; the
 re-encoded bytes are not kept, since packed weights never read them again.
 """
@@ -27,7 +27,7 @@ from .weights import LayerWeights, Weights
 
 # The types a draft may be re-encoded to, by the name users give: those with a quantizer and packed kernels.
 TYPES = {t.name.lower(): t for t, f in FORMATS.items() if f.quantize is not None and t in PACKED_TYPES}
-_SLICE_VALUES = 1 << 21  # values decoded and quantized at a time by one thread (8 MB of float32)
+_SLICE_VALUES = 1 << 21  # values dequantized and quantized at a time by one thread (8 MB of float32)
 
 
 def bits_per_weight(t: T) -> float:
@@ -47,7 +47,7 @@ def parse_type(name: str) -> T | None:
 
 def requantize_matrix(w: WeightMatrix, to: T, pool: ThreadPoolExecutor | None = None) -> WeightMatrix:
     """W in type `to`, packed; W itself when its type has no more bits per weight than `to`'s, or its rows do
-    not divide into `to`'s blocks. Slices of rows are decoded (by the formats' NumPy decoders: nothing to
+    not divide into `to`'s blocks. Slices of rows are dequantized (by the formats' NumPy dequantizers: nothing to
     compile) and quantized on `pool`'s threads, where given."""
     fmt = FORMATS[to]
     if to not in TYPES.values() or bits_per_weight(w.ggml_type) <= bits_per_weight(to) or w.cols % fmt.block:

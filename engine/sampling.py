@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ class SamplingSettings:
         What is absurd, and what replaces it, is `SAMPLER_SETTINGS`' declaration. Each message names the field,
         the value given and the value used, e.g. "top_p 7 is above 1; using 1.0".
         """
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}  # each a value of its field's type (`repaired`)
         messages = []
         for setting in SAMPLER_SETTINGS:
             given = getattr(self, setting.name)
@@ -77,7 +78,7 @@ class SamplerSetting:
     """
 
     name: str
-    kind: type  # int or float
+    kind: type[int] | type[float]
     low: float | None  # the smallest ordinary value; None: no bound
     high: float | None = None  # the largest; None: no bound
     help: str = ""  # one or two sentences for the user
@@ -115,16 +116,16 @@ class SamplerSetting:
             text += " (" + ", ".join(f"{_num(v)} = {meaning}" for v, meaning in self.special) + ")"
         return text.strip()
 
-    def repaired(self, value: object) -> tuple[float, str]:
-        """`value` if accepted, else the value to use instead and why (for `validated`)."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    def repaired(self, given: object) -> tuple[float, str]:
+        """`given` if accepted, else the value to use instead and why (for `validated`)."""
+        if isinstance(given, bool) or not isinstance(given, (int, float)) or math.isnan(given):
             return self.default, "is not a number"
-        if math.isinf(value):
+        if math.isinf(given):
             return self.default, "is infinite"
         why = ""
-        if self.kind is int and value != int(value):
-            value, why = int(value), "is not a whole number"
-        value = self.kind(value)
+        if self.kind is int and given != int(given):
+            given, why = int(given), "is not a whole number"
+        value: float = self.kind(given)
         if self.accepts(value):
             return value, why
         meanings = f" ({', '.join(f'{_num(v)} = {m}' for v, m in self.special)})" if self.special else ""
@@ -134,8 +135,11 @@ class SamplerSetting:
         if value > lowest:  # between a special value below the range and the range: nothing it could mean
             return self.default, f"is not {self.expected}"
         used = self.low if self.if_too_low is None else self.if_too_low
+        if used is None:  # not reached: without a lower bound, `accepts` took every value up to `high`
+            return self.default, f"is not {self.expected}"
         bound = "is not above" if self.low_open else "is below"
-        return self.kind(used), f"{bound} {_num(lowest if not self.low_open else self.low)}{meanings}"
+        shown = self.low if self.low_open and self.low is not None else lowest
+        return self.kind(used), f"{bound} {_num(shown)}{meanings}"
 
 
 # The float ranges are ones the sampler survives at both ends (tests/engine/test_sampler_bounds.py runs each end
@@ -414,10 +418,10 @@ class Sampler:
 
         if s.temperature <= 0:
             # Greedy; report the softmax of the penalised logits so the UI still shows a confidence.
-            ids = top_ids(x, N_TOP)
+            top = top_ids(x, N_TOP)
             e = np.exp(x - np.float32(x_max))  # float32: the sum only feeds a displayed confidence
-            probs = e[ids].astype(np.float64) / e.sum(dtype=np.float64)
-            return SampleResult(int(ids[0]), float(probs[0]), _pairs(ids, probs))
+            top_probs = e[top].astype(np.float64) / e.sum(dtype=np.float64)
+            return SampleResult(int(top[0]), float(top_probs[0]), _pairs(top, top_probs))
 
         ids, probs = distribution(x, s)
         i = _draw(self._rng, probs)

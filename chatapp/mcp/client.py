@@ -50,7 +50,7 @@ class _Server:
     tools: list[McpTool] = field(default_factory=list)
     error: str = ""  # why it is not usable; "" while starting or ready
     errlog: Any = None  # the server's stderr (a stdio server's last line explains a crash)
-    closing: asyncio.Event | None = None
+    closing: asyncio.Event = field(default_factory=asyncio.Event)  # set: the session ends
     task: asyncio.Task | None = None
 
 
@@ -207,8 +207,7 @@ class McpClient:
 
     async def _close_all(self) -> None:
         for server in self._servers.values():
-            if server.closing is not None:
-                server.closing.set()
+            server.closing.set()
         tasks = [s.task for s in self._servers.values() if s.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=5)

@@ -90,7 +90,10 @@ def settings_from_table(table: Any, where: str, base: McpSettings | None = None)
             seconds = table[key]
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
                 raise McpConfigError(f"{where}: mcp.{key} must be a number of seconds > 0, got {seconds!r}")
-            out = replace(out, **{key: float(seconds)})
+            if key == "timeout":
+                out = replace(out, timeout=float(seconds))
+            else:
+                out = replace(out, start_timeout=float(seconds))
     if "max_rounds" in table:
         rounds = table["max_rounds"]
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:

@@ -12,7 +12,7 @@ import inspect
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -124,7 +124,7 @@ class _Offering:
     def __init__(self, backend: ChatBackend, tools: list | None) -> None:
         self._backend, self._tools = backend, tools
 
-    def stream_reply(self, messages: Sequence[Message]):
+    def stream_reply(self, messages: Sequence[Message]) -> Iterator[TokenEvent | TurnStats]:
         return self._backend.stream_reply(messages, tools=self._tools) if self._tools else \
             self._backend.stream_reply(messages)  # fmt: skip
 

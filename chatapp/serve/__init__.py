@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from engine import Model
     from engine.sampling import SamplingSettings
 
@@ -68,7 +70,7 @@ def serve(
     failures: list[BaseException] = []
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             scheduler.close()  # running replies end now, so the graceful shutdown does not wait on them
             super().handle_exit(sig, frame)
 

@@ -200,8 +200,9 @@ async def chat_completions(request: Request) -> Response | EventStream:
     # templating and tokenizing: off the loop
     prompt = await run_in_threadpool(prompter.chat, req.messages, tools, tr.template_kwargs, prefix)
     thinking = await run_in_threadpool(prompter.opens_thinking, tr.template_kwargs)
-    head = {"id": _reply_id("chatcmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, gen, head["id"], "messages")
+    rid = _reply_id("chatcmpl")
+    head = {"id": rid, "created": int(time.time()), "model": service.model_id}
+    job = _submit(service, prompt, gen, rid, "messages")
     if gen.stream:
         return EventStream(job, _chat_chunks(job, gen, head, ReplyShape(tr, fmt, prefix, thinking)))
     tokens, stats = await collect(job, request.receive)
@@ -265,8 +266,8 @@ async def _chat_chunks(job: Job, gen: Generation, head: dict[str, Any], shape: R
                 finish = formats.finish_reason(item)
                 if calls is not None:
                     owed, parsed = calls.finish(shape.prefix + split_reasoning(item.reply, shape.thinking)[1])
-                    for d in owed:
-                        for part in _call_delta(d, shape.tools):
+                    for call in owed:
+                        for part in _call_delta(call, shape.tools):
                             yield chunk(part)
                     if tool_shapes.kept(parsed.calls, shape.tools) and finish == "stop":
                         finish = "tool_calls"
@@ -307,8 +308,9 @@ async def completions(request: Request) -> Response | EventStream:
     else:
         service.check_fits(list(req.prompt), "prompt")
     prompt = await run_in_threadpool(prompter.text, req.prompt)
-    head = {"id": _reply_id("cmpl"), "created": int(time.time()), "model": service.model_id}
-    job = _submit(service, prompt, req.gen, head["id"], "prompt")
+    rid = _reply_id("cmpl")
+    head = {"id": rid, "created": int(time.time()), "model": service.model_id}
+    job = _submit(service, prompt, req.gen, rid, "prompt")
     start = len(req.prompt) if isinstance(req.prompt, str) else 0
     if req.gen.stream:
         return EventStream(job, _completion_chunks(job, req.gen, head, start))

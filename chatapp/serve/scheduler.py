@@ -177,14 +177,16 @@ class Scheduler:
         slot = pool.choose(job.prompt)
         chat = slot.chat
         chat.settings = job.gen.settings
-        chat.stop_strings = job.gen.stop
-        chat.stop_ids = set() if job.gen.ignore_eos else set(slot.stop_ids)
         want_pieces = job.gen.n_logprobs is not None
         slot.busy, slot.last_request = True, job.request_id
         job._chat = chat
         try:
             bias = dict(job.gen.logit_bias) or None
-            for event in chat.stream_completion(job.prompt, constraint=job.gen.constraint, logit_bias=bias):
+            stop_ids = () if job.gen.ignore_eos else None  # None: the model's end-of-turn tokens
+            events = chat.stream_completion(
+                job.prompt, constraint=job.gen.constraint, logit_bias=bias, stop=job.gen.stop, stop_ids=stop_ids
+            )
+            for event in events:
                 if job.cancelled:  # a cancel that came before the session cleared its flag at the start
                     chat.cancel()
                 if isinstance(event, TurnStats):

@@ -27,7 +27,6 @@ SIMILARITY = 0.5
 class Slot:
     id: int
     chat: ChatSession
-    stop_ids: frozenset[int]  # the model's end-of-turn ids, restored after an ignore_eos request
     last_used: int = 0  # a tick of the pool's clock; 0 = never
     busy: bool = False
     last_request: str = ""  # the id of the last response it generated
@@ -55,8 +54,7 @@ class SlotPool:
     def create(cls, model: Model, n_slots: int) -> SlotPool:
         slots = []
         for i in range(n_slots):
-            chat = ChatSession(model)
-            slots.append(Slot(i, chat, frozenset(chat.stop_ids)))
+            slots.append(Slot(i, ChatSession(model)))
         return cls(slots)
 
     def choose(self, prompt: Sequence[int]) -> Slot:

@@ -94,9 +94,10 @@ def parse_tools(body: Mapping[str, Any]) -> ToolRequest:
         choice = value
     elif isinstance(value, dict):
         fn = value.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if value.get("type") != "function" or not isinstance(name, str):
+        called = fn.get("name") if isinstance(fn, dict) else None
+        if value.get("type") != "function" or not isinstance(called, str):
             raise _bad("tool_choice", 'expected {"type": "function", "function": {"name": ...}}')
+        name = called
         if name not in names:
             offered = ", ".join(names) or "none"
             raise _bad("tool_choice", f"names the tool {name!r}, which is not in tools (offered: {offered})")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import events, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -63,6 +63,9 @@ from chatapp.tui.widgets.tool_call import ApprovalPrompt, ToolsScreen
 from chatapp.tui.worker import BackendFactory, load_backend, stream_tool_turn
 from engine.events import GrammarSpec
 from engine.sampling import SamplingSettings
+
+if TYPE_CHECKING:
+    from chatapp.mcp.client import McpClient
 
 CHAT_ACTIONS = frozenset(
     {"stop", "cancel_edit", "new_chat", "regenerate", "edit_last", "copy_reply", "toggle_sampling"}
@@ -118,7 +121,7 @@ class ChatApp(App[None]):
         super().__init__()
         self.mcp = mcp or McpSettings()
         """The MCP servers to start, the tools allowed without asking, the timeout and round limit."""
-        self.tool_client = None
+        self.tool_client: McpClient | None = None
         """The `chatapp.mcp.client.McpClient` once servers are configured; its tools are offered to the model."""
         self.tools_off: set[str] = set()
         """Tools the person turned off for this chat."""
@@ -423,13 +426,14 @@ class ChatApp(App[None]):
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A worker that died outside our own error handling still ends the reply, as a failure."""
-        if event.state != WorkerState.ERROR:
+        error = event.worker.error
+        if event.state != WorkerState.ERROR or error is None:
             return
         active = self.service.active
         if event.worker.group == "inference" and active is not None:
-            await self.on_reply_failed(ReplyFailed(active.turn, describe_error(event.worker.error)))
+            await self.on_reply_failed(ReplyFailed(active.turn, describe_error(error)))
         elif event.worker.group == "load":
-            self.on_model_failed(ModelFailed(describe_error(event.worker.error)))
+            self.on_model_failed(ModelFailed(describe_error(error)))
 
     def watch_generating(self, generating: bool) -> None:
         self.status.set_state("generating" if generating else "ready" if self.backend else "failed")
@@ -508,7 +512,7 @@ class ChatApp(App[None]):
         widget = self.focused
         turn = getattr(widget, "turn", None)
         index = next((i for i, t in enumerate(self.state.turns) if t is turn), None)
-        if isinstance(widget, (UserMessage, AssistantMessage)) and index is not None:
+        if isinstance(widget, (UserMessage, AssistantMessage)) and index is not None and turn is not None:
             if turn.role == role:
                 return index, turn
             if role == "user" and index > 0 and self.state.turns[index - 1].role == "user":  # a reply's question
@@ -588,9 +592,10 @@ class ChatApp(App[None]):
         self.prompt.clear()
 
     def action_attach(self) -> None:
-        self.push_screen(AttachScreen(), self._attach)
+        self.push_screen(AttachScreen(), self._attach_file)
 
-    def _attach(self, path: str | None) -> None:
+    def _attach_file(self, path: str | None) -> None:
+        """AttachScreen's answer (not `_attach`: Textual's MessagePump has its own)."""
         if path is None:
             return
         try:
@@ -609,7 +614,9 @@ class ChatApp(App[None]):
         self.push_screen(screen, self._resume)
 
     async def _resume(self, choice: tuple[int, int | None] | None) -> None:
-        state = self.service.resume(choice[0]) if choice is not None else None
+        if choice is None:
+            return
+        state = self.service.resume(choice[0])
         if state is None:
             return
         self._reset_tools_for_chat()

@@ -101,7 +101,11 @@ def stream_tool_turn(
 def load_backend(factory: BackendFactory, post: Post) -> None:
     """Build the backend (load the model), posting progress lines, then ModelReady or ModelFailed."""
     try:
-        backend = factory(lambda line: post(ModelLoading(str(line))))
+
+        def say(line: str) -> None:
+            post(ModelLoading(str(line)))
+
+        backend = factory(say)
     except Exception as exc:  # a failed load leaves the app usable
         post(ModelFailed(describe_error(exc)))
     else:

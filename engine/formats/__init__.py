@@ -1,8 +1,8 @@
 """One module per ggml type, and the registry built from them.
 
 Each module (q4_k.py, f16.py, ...) holds everything the engine knows about its type, and declares it in its
-`FORMAT` record (spec.py): the layout (sizes from gguf.GGML_QUANT_SIZES), the reference decoder and dot product,
-the packing spec, the SIMD emitters per instruction family, and the array-module decoder the GPU runs. The
+`FORMAT` record (spec.py): the layout (sizes from gguf.GGML_QUANT_SIZES), the reference dequantizer and dot product,
+the packing spec, the SIMD emitters per instruction family, and the array-module dequantizer the GPU runs. The
 kernels never name a type: each is compiled for the format it is called with, the format's kernel picked from
 this registry (dispatch.py), the way gguf-py's quants.py and ggml's type_traits pick theirs. Adding a type is
 a module here and a line in `_MODULES`; adding an instruction set is an emitter beside the others in each module

@@ -1,8 +1,8 @@
-"""Block fields read with an array module `xp` (NumPy, or CuPy on the GPU): the helpers of every format's `decode`.
+"""Block fields read with an array module `xp` (NumPy, or CuPy on the GPU): the helpers of every format's `dequantize`.
 
-Each format's `decode(xp, b)` takes blocks b uint8 (n, block_bytes) in the file's layout and returns their
+Each format's `dequantize(xp, b)` takes blocks b uint8 (n, block_bytes) in the file's layout and returns their
 values, float32 (n, block_size), as ggml's dequantize_row_<type> does (and gguf-py's quants.py, which they
-mirror operation by operation). Half-precision fields are assembled from their two bytes, so no decoder needs a
+mirror operation by operation). Half-precision fields are assembled from their two bytes, so no dequantizer needs a
 contiguous view of a block.
 """
 

@@ -14,7 +14,7 @@ from .spec import Format
 TYPE = T.BF16
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 2) -> (n, 1): a bfloat16 is the top half of a float32
     return xp.ascontiguousarray(arrays.u16(xp, b).astype(xp.uint32) << 16).view(xp.float32)
@@ -25,4 +25,4 @@ def values(w: np.ndarray) -> np.ndarray:
     return (w.astype(np.uint32) << 16).view(np.float32)
 
 
-FORMAT = Format(TYPE, decode=decode)
+FORMAT = Format(TYPE, dequantize=dequantize)

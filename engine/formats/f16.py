@@ -14,7 +14,7 @@ from .spec import Format
 TYPE = T.F16
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 2) -> (n, 1)
     return arrays.half(xp, b)
@@ -25,4 +25,4 @@ def values(w: np.ndarray) -> np.ndarray:
     return w.view(np.float16).astype(np.float32)
 
 
-FORMAT = Format(TYPE, decode=decode)
+FORMAT = Format(TYPE, dequantize=dequantize)

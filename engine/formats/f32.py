@@ -13,7 +13,7 @@ from .spec import Format
 TYPE = T.F32
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # b (n, 4) -> (n, 1)
     return xp.ascontiguousarray(b).view(xp.float32)
@@ -24,4 +24,4 @@ def values(w: np.ndarray) -> np.ndarray:
     return w
 
 
-FORMAT = Format(TYPE, decode=decode)
+FORMAT = Format(TYPE, dequantize=dequantize)

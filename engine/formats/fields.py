@@ -1,7 +1,7 @@
 """Reading the fields of GGUF blocks, and of their packed form, from Numba: the helpers every format shares.
 
 A weight row is stored as raw bytes (`row`: uint8, the row's blocks back to back); a block starts at byte offset
-`o`. Each format's decoders (<type>.py here) read their fields with these.
+`o`. Each format's dequantizers (<type>.py here) read their fields with these.
 
 `f16` is the 65536-entry table that maps IEEE half bit patterns to float32 (`F16_TABLE`): a table lookup is
 cheaper than decoding the bits in Numba, and every format stores its scales as halves.

@@ -58,7 +58,7 @@ class Codebook:
 BOOK = Codebook(tuple(int(v) for v in KVALUES), 128)  # stored 1 .. 241
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -183,7 +183,7 @@ def codebook(xp: ModuleType, q: Array, book: Codebook = BOOK) -> Array:
     return arrays.constant(xp, "float32", tuple(float(v) for v in book.values))[q]
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qs 16]: d · kvalues[q]
     d = arrays.half(xp, b[:, 0:2])  # (n, 1)
@@ -191,5 +191,5 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 
 FORMAT = Format(
-    TYPE, decode=decode, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
+    TYPE, dequantize=dequantize, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
 )

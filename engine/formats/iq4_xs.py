@@ -27,7 +27,7 @@ from .spec import Format, Packing
 TYPE = T.IQ4_XS
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -149,7 +149,7 @@ def _emit(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> Non
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][scales_h u16][scales_l 4][qs 128]: 8 sub-blocks of 32, each d·(ls - 32)·kvalues[q]
     n = b.shape[0]
@@ -165,5 +165,5 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 
 FORMAT = Format(
-    TYPE, decode=decode, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
+    TYPE, dequantize=dequantize, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
 )

@@ -147,7 +147,7 @@ _emit = block_emitter(BOOK, Emitter.bf16s)
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [e u8][qs 16]: 2**(e - 128) · kvalues[q], the scale built from its bits as ggml_e8m0_to_fp32_half does
     e = b[:, 0:1].astype(xp.uint32)  # (n, 1)
@@ -157,5 +157,5 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 
 FORMAT = Format(
-    TYPE, decode=decode, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
+    TYPE, dequantize=dequantize, deq=deq, dot=dot, packing=PACKING, group=group, emitters={PAIRS: _emit, QUADS: _emit}
 )

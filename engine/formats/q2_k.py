@@ -3,7 +3,7 @@
 Value n*128 + 32j + l (n < 2, j < 4, l < 32) = bits 2j of qs[32n + l]; run n*8 + 2j + l // 16 has its own 4-bit
 scale (low nibble of scales[run]) and min (high nibble): W = d * scale * value - dmin * min.
 
-Packed: q = qs[64], scales[16]; s = d, dmin. No fused dot: the reference decodes a super-block, then dots it.
+Packed: q = qs[64], scales[16]; s = d, dmin. No fused dot: the reference dequantizes a super-block, then dots it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .spec import Format, Packing
 TYPE = T.Q2_K
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -131,7 +131,7 @@ def emit_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [scales 16: 4-bit scale | 4-bit min << 4][qs 64: 2 bits each][d f16][dmin f16]
     n = b.shape[0]
@@ -146,7 +146,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     packing=PACKING,
     group=group,

@@ -3,7 +3,7 @@
 Value n*128 + 32j + l (n < 2, j < 4, l < 32): low 2 bits = bits 2j of qs[32n + l], third bit = bit 4n + j of
 hmask[l], minus 4; signed 6-bit scale n*8 + 2j + l // 16.
 
-Packed: q = qs[64], hmask[32], the scales as int8 [16]; s = d. No fused dot: the reference decodes a
+Packed: q = qs[64], hmask[32], the scales as int8 [16]; s = d. No fused dot: the reference dequantizes a
 super-block, then dots it.
 """
 
@@ -25,7 +25,7 @@ from .spec import Format, Packing
 TYPE = T.Q3_K
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -184,7 +184,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [hmask 32][qs 64: 2 low bits][scales 12: 6-bit, packed][d f16]
     n = b.shape[0]
@@ -201,7 +201,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     packing=PACKING,
     group=group,

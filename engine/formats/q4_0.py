@@ -22,7 +22,7 @@ from .spec import Format, Packing
 TYPE = T.Q4_0
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -172,7 +172,7 @@ def emit_q4_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qs 16]: d · (q - 8)
     d = arrays.half(xp, b[:, 0:2])  # (n, 1)
@@ -182,7 +182,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

@@ -25,7 +25,7 @@ from .spec import Format, Packing
 TYPE = T.Q4_K
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -274,7 +274,7 @@ def scale_min_k4(xp: ModuleType, s: Array) -> tuple[Array, Array]:
     return sc, mn
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][dmin f16][scales 12][qs 128]: 8 sub-blocks of 32, each d·sc·q - dmin·m
     n = b.shape[0]
@@ -288,7 +288,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

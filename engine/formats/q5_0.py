@@ -23,7 +23,7 @@ from .spec import Format, Packing
 TYPE = T.Q5_0
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -192,7 +192,7 @@ def emit_q5_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qh u32][qs 16]: d · (q - 16), bit 4 of value j from bit j of qh
     d = arrays.half(xp, b[:, 0:2])  # (n, 1)
@@ -202,7 +202,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

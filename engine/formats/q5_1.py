@@ -22,7 +22,7 @@ from .spec import Format, Packing
 TYPE = T.Q5_1
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -82,7 +82,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][m f16][qh u32][qs 16]: d · q + m
     d, m = arrays.half(xp, b[:, 0:2]), arrays.half(xp, b[:, 2:4])  # (n, 1) each
@@ -92,7 +92,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

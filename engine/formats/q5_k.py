@@ -24,7 +24,7 @@ from .spec import Format, Packing
 TYPE = T.Q5_K
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -93,7 +93,7 @@ def group(q, s, g, xq, dx, xsum, acc):
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][dmin f16][scales 12][qh 32][qs 128]: as Q4_K with a fifth bit from qh
     n = b.shape[0]
@@ -109,7 +109,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

@@ -24,7 +24,7 @@ from .spec import Format, Packing
 TYPE = T.Q6_K
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -224,7 +224,7 @@ def _one_token_runs(e: Emitter, q, qo, c, xq, tok: Token, n: int) -> dict:
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [ql 128: low 4 bits][qh 64: high 2 bits][scales int8 16][d f16]: d · sc · (q - 32)
     n = b.shape[0]
@@ -238,7 +238,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

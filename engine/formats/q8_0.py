@@ -21,7 +21,7 @@ from .spec import Format, Packing
 TYPE = T.Q8_0
 
 
-# ---- reference: the file's block, decoded and dotted ---------------------------------------------------------
+# ---- reference: the file's block, dequantized and dotted ---------------------------------------------------------
 
 
 @njit(**INLINE)
@@ -111,7 +111,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
 # ---- any array module (the GPU) ------------------------------------------------------------------------------
 
 
-def decode(xp: ModuleType, b: Array) -> Array:
+def dequantize(xp: ModuleType, b: Array) -> Array:
     """Blocks b uint8 (n, block_bytes) -> float32 (n, block), with array module xp."""
     # [d f16][qs int8 32]: d · q
     return arrays.i8(xp, b[:, 2:34]).astype(xp.float32) * arrays.half(xp, b[:, 0:2])
@@ -119,7 +119,7 @@ def decode(xp: ModuleType, b: Array) -> Array:
 
 FORMAT = Format(
     TYPE,
-    decode=decode,
+    dequantize=dequantize,
     deq=deq,
     dot=dot,
     packing=PACKING,

@@ -37,10 +37,10 @@ class Packing:
 
 @dataclass(frozen=True)
 class Format:
-    """One ggml type: its layout (from gguf), its decoders, and for block formats its CPU kernels."""
+    """One ggml type: its layout (from gguf), its dequantizers, and for block formats its CPU kernels."""
 
     type: T
-    decode: Callable[..., Any]  # decode(xp, b uint8 (n, block_bytes)) -> float32 (n, block): any array module
+    dequantize: Callable[..., Any]  # dequantize(xp, b uint8 (n, block_bytes)) -> float32 (n, block): any array module
     deq: Kernel | None = None  # deq(row, o, f16, out, p): the block at row[o:] -> out[p : p + block]
     dot: Kernel | None = None  # dot(row, o, f16, x, p) -> sum(block * x[p:]); None: via deq
     packing: Packing | None = None

@@ -1,8 +1,8 @@
 """Optional GPU offload: the first layers (or all, and the output head) of a model on a CUDA device via CuPy.
 
     backend.py  which array module: CuPy on a CUDA device, or NumPy (tests run the same code on the CPU)
-    decode.py   one vectorised decoder per ggml type, from the file's raw blocks
-    matrix.py   weights uploaded once in their file encoding; W @ x decoding a tile of rows at a time
+    dequantize.py  one vectorised dequantizer per ggml type, from the file's raw blocks
+    matrix.py   weights uploaded once in their file encoding; W @ x dequantizing a tile of rows at a time
     ops.py      norms, activations, RoPE, attention: the CPU layer's numerics on xp arrays
     offload.py  the layer's ops on the device (DeviceOps for engine/layer.py run_layer), and its KV cache
 

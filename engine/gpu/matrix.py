@@ -1,11 +1,11 @@
 """Weights on the device in their file encoding, and the one product over them.
 
 A `DeviceMatrix` holds W's raw GGUF bytes, uint8 (rows, row_bytes), uploaded once: a Q4 weight costs Q4 memory
-on the device. `matmul` decodes W a tile of rows at a time (decode.py) and multiplies each tile with
+on the device. `matmul` dequantizes W a tile of rows at a time (dequantize.py) and multiplies each tile with
 xp.matmul (cuBLAS under CuPy), so the float32 copy never exceeds one tile.
 
 `DeviceExperts` is a mixture-of-experts layer's 3-D tensor the same way, raw uint8 (n_expert, rows, row_bytes):
-`expert(e)` is expert e's DeviceMatrix, a view of its slice, so a product decodes that expert's rows only.
+`expert(e)` is expert e's DeviceMatrix, a view of its slice, so a product dequantizes that expert's rows only.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from gguf import GGMLQuantizationType as T
 
 from ..kernels import WeightMatrix, pages
 from ..moe import ExpertTensor
-from .decode import DECODERS, decode_rows
+from .dequantize import DEQUANTIZERS, dequantize_rows
 
-# Float32 values of W decoded at a time (16 MB; the decoders' temporaries take a few times that).
+# Float32 values of W dequantized at a time (16 MB; the dequantizers' temporaries take a few times that).
 TILE_VALUES = 1 << 22
 
 
@@ -42,8 +42,8 @@ class DeviceMatrix:
         Once copied, the file pages under W are given back: the CPU never reads them again (the embedding
         lookup of a tied output faults back in only the rows it reads).
         """
-        if w.ggml_type not in DECODERS:
-            raise ValueError(f"tensor {w.name}: type {w.ggml_type.name} has no device decoder")
+        if w.ggml_type not in DEQUANTIZERS:
+            raise ValueError(f"tensor {w.name}: type {w.ggml_type.name} has no device dequantizer")
         host = np.ascontiguousarray(w.data).view(np.uint8).reshape(w.rows, -1)  # (rows, row_bytes)
         raw = xp.asarray(host)
         if xp is not np:
@@ -54,9 +54,9 @@ class DeviceMatrix:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
-    def decode(self, xp: ModuleType, r0: int = 0, r1: int | None = None) -> Any:
+    def dequantize(self, xp: ModuleType, r0: int = 0, r1: int | None = None) -> Any:
         """W[r0:r1] as float32 (r1 - r0, cols). The whole of W only for tests and small tensors."""
-        return decode_rows(xp, self.ggml_type, self.raw[r0:r1], self.cols)
+        return dequantize_rows(xp, self.ggml_type, self.raw[r0:r1], self.cols)
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,8 @@ class DeviceExperts:
     @classmethod
     def upload(cls, xp: ModuleType, t: ExpertTensor) -> DeviceExperts:
         """Copy the tensor's file bytes to the device, every expert in its encoding (under NumPy: a view)."""
-        if t.ggml_type not in DECODERS:
-            raise ValueError(f"tensor {t.name}: type {t.ggml_type.name} has no device decoder")
+        if t.ggml_type not in DEQUANTIZERS:
+            raise ValueError(f"tensor {t.name}: type {t.ggml_type.name} has no device dequantizer")
         host = np.ascontiguousarray(t.data).view(np.uint8).reshape(t.n_expert, t.rows, -1)  # (n, rows, row_bytes)
         raw = xp.asarray(host)
         if xp is not np:
@@ -93,7 +93,7 @@ class DeviceExperts:
 
 
 def matmul(xp: ModuleType, w: DeviceMatrix, x: Any) -> Any:
-    """x (t, cols) @ W.T -> (t, rows) float32, W decoded TILE_VALUES at a time."""
+    """x (t, cols) @ W.T -> (t, rows) float32, W dequantized TILE_VALUES at a time."""
     t = x.shape[0]
     if x.shape[1] != w.cols:
         raise ValueError(f"{w.name}: {w.cols} columns, x has {x.shape[1]}")
@@ -101,5 +101,5 @@ def matmul(xp: ModuleType, w: DeviceMatrix, x: Any) -> Any:
     step = max(1, min(w.rows, TILE_VALUES // w.cols))
     for r0 in range(0, w.rows, step):
         r1 = min(w.rows, r0 + step)
-        out[:, r0:r1] = xp.matmul(x, w.decode(xp, r0, r1).T)  # (t, r1 - r0)
+        out[:, r0:r1] = xp.matmul(x, w.dequantize(xp, r0, r1).T)  # (t, r1 - r0)
     return out

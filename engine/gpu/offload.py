@@ -4,12 +4,12 @@ The layers run engine/layer.py's `run_layer`, as the CPU's do, over the same Lay
 with DeviceOps: each op on arrays of `backend.xp` (engine/gpu/ops.py), the KV cache device-resident.
 Activations cross from and to the CPU as NumPy arrays (t × d floats per call); weights and the cache stay on
 the device. A mixture-of-experts layer's router logits cross too, (t, n_expert) floats: the experts are chosen
-on the host by the CPU's own `route`, and only those are decoded and multiplied on the device.
+on the host by the CPU's own `route`, and only those are dequantized and multiplied on the device.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -234,25 +234,29 @@ class DeviceOps:
     def router_ffn(self, h: Array, ffn: RouterFfn) -> Array:
         """engine/moe.py's router_ffn on the device: the router's logits (t, n_expert) go to the host, where the
         CPU's `route` chooses (so both paths choose alike) and `by_expert` groups the tokens; each chosen expert
-        is then decoded from its slice of the 3-D tensors once and multiplied with all its tokens at once."""
+        is then dequantized from its slice of the 3-D tensors once and multiplied with all its tokens at once."""
         xp = self.xp
-        logits = matmul(xp, ffn.router, h)  # (t, n_expert)
+        # `on_device` gave the RouterFfn its device forms of the CPU's matrices
+        router = cast(DeviceMatrix, ffn.router)
+        gate_e, up_e, down_e = (cast(DeviceExperts, m) for m in (ffn.gate, ffn.up, ffn.down))
+        logits = matmul(xp, router, h)  # (t, n_expert)
         ids, weights = route(logits if xp is np else xp.asnumpy(logits), ffn.n_used, ffn.norm_weights)  # (t, k)
         groups = by_expert(ids)
         # Every group's tokens and weights, one after the other, in one upload each: (t·k,) and (t·k, 1)
         tokens = xp.asarray(np.concatenate([g[1] for g in groups]))
         w = xp.asarray(weights.ravel()[np.concatenate([g[2] for g in groups])][:, None])
-        out = xp.zeros((h.shape[0], ffn.down.rows), dtype=xp.float32)  # (t, d)
+        out = xp.zeros((h.shape[0], down_e.rows), dtype=xp.float32)  # (t, d)
         s0 = 0
         for e, chosen_by, _slots in groups:
             s1 = s0 + len(chosen_by)
             rows = tokens[s0:s1]  # (n_e,)
             xe = h[rows]  # (n_e, d)
-            act = ops.silu(xp, matmul(xp, ffn.gate.expert(e), xe)) * matmul(xp, ffn.up.expert(e), xe)  # (n_e, d_ff)
-            out[rows] += w[s0:s1] * matmul(xp, ffn.down.expert(e), act)  # (n_e, d)
+            act = ops.silu(xp, matmul(xp, gate_e.expert(e), xe)) * matmul(xp, up_e.expert(e), xe)  # (n_e, d_ff)
+            out[rows] += w[s0:s1] * matmul(xp, down_e.expert(e), act)  # (n_e, d)
             s0 = s1
         if ffn.shared is not None:
-            gate, up, down, gate_inp = ffn.shared
+            shared = cast(tuple[DeviceMatrix, DeviceMatrix, DeviceMatrix, DeviceMatrix | None], ffn.shared)
+            gate, up, down, gate_inp = shared
             y = matmul(xp, down, ops.silu(xp, matmul(xp, gate, h)) * matmul(xp, up, h))  # (t, d)
             if gate_inp is not None:  # qwen2moe's sigmoid gate; Granite's shared expert has none
                 y *= 1.0 / (1.0 + xp.exp(-matmul(xp, gate_inp, h)))  # (t, 1)

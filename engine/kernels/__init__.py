@@ -10,12 +10,17 @@ the SIMD block kernels of simd.py), built on the weight's first product and kept
 which are released. They quantize x to int8 per 32 values first, as llama.cpp does, in decode (`matvec`,
 `matvec_many`) and in prefill (`matmul`) alike; `exact=True` selects the float32 path, for reference checks.
 F16 and BF16 weights run floats.py on their 16-bit values. cpu.py keeps per-row float kernels of every type, for
-reference and for the float32 path. What each type is (layout, decoders, packing, emitters) comes from its module
+reference and for the float32 path. What each type is (layout, dequantizers, packing, emitters) comes from its module
 in engine/formats; nothing here names a quantized type.
 
-Importing this package loads none of it: a name's first use imports the module that holds it (the operations
-are in ops.py) after `engine.runtime.configure_numba` has given Numba its kernel cache folder and threading
-layer, so `import engine.kernels` costs no NumPy, no Numba and no probe of the CPU.
+The package's names come from four modules by job: weight_matrix.py (the weight wrapper: `WeightMatrix`,
+`PackedWeight`, the type sets), products.py (`matvec`, `matvec_many`, `matmul`, `float_products`, BLAS
+discovery), rows.py (embedding rows, norms, GELU, RoPE into the cache, SwiGLU, GeGLU) and ops.py (the attention
+wrapper, `causal_attention`).
+
+Importing this package loads none of it: a name's first use imports the module that holds it after
+`engine.runtime.configure_numba` has given Numba its kernel cache folder and threading layer, so
+`import engine.kernels` costs no NumPy, no Numba and no probe of the CPU.
 """
 
 from __future__ import annotations
@@ -25,13 +30,20 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers: the names `__getattr__` hands out
     from .ops import *  # noqa: F403
-    from .ops import BLOCK_CODES, FLOAT_TYPES, PACKED_TYPES, PARALLEL_MIN_BYTES, SUPPORTED_TYPES  # noqa: F401
+    from .products import *  # noqa: F403
+    from .products import PARALLEL_MIN_BYTES  # noqa: F401
+    from .rows import *  # noqa: F403
+    from .scratch import Scratch  # noqa: F401
+    from .weight_matrix import *  # noqa: F403
+    from .weight_matrix import BLOCK_CODES, FLOAT_TYPES, PACKED_TYPES, SUPPORTED_TYPES  # noqa: F401
 
 # The submodules (loaded as any submodule, but only after Numba is configured: see configure_numba).
 _SUBMODULES = frozenset(
-    {"attention", "cpu", "decode", "floats", "memory", "one_token", "ops", "packed", "pages", "prompt_ops", "scratch",
-     "simd"}
+    {"attention", "cpu", "decode", "floats", "memory", "one_token", "ops", "packed", "pages", "products", "prompt_ops",
+     "rows", "scratch", "simd", "weight_matrix"}
 )  # fmt: skip
+# Where the package's own names live, searched in this order.
+_FRONT = ("weight_matrix", "products", "rows", "ops", "scratch")
 
 
 def __getattr__(name: str) -> Any:
@@ -42,11 +54,11 @@ def __getattr__(name: str) -> Any:
     configure_numba()  # before the first @njit(cache=True) is decorated: it files its kernels where this says
     if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    ops = importlib.import_module(f"{__name__}.ops")
-    try:
-        value = getattr(ops, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    if not name.startswith("_"):  # private ones may be rebound in ops (a flag, a test's patch): read them there
-        globals()[name] = value  # later lookups skip this function
-    return value
+    if not name.startswith("_"):  # private ones may be rebound in their module (a flag, a test's patch)
+        for module in _FRONT:
+            holder = importlib.import_module(f"{__name__}.{module}")
+            if name in vars(holder):
+                value = vars(holder)[name]
+                globals()[name] = value  # later lookups skip this function
+                return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

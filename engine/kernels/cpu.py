@@ -17,7 +17,7 @@ from ..formats.spec import Kernel
 
 
 def _deq_row_of(fmt: Format) -> Kernel:
-    """deq_row(row, f16, out): one whole row of `fmt` decoded into out (n,)."""
+    """deq_row(row, f16, out): one whole row of `fmt` dequantized into out (n,)."""
     deq, block, block_bytes = fmt.deq, fmt.block, fmt.block_bytes
 
     @njit(inline="always", nogil=True)
@@ -29,7 +29,7 @@ def _deq_row_of(fmt: Format) -> Kernel:
 
 
 def _dot_row_of(fmt: Format) -> Kernel:
-    """dot_row(row, f16, x, buf) -> row · x, with the format's fused dot, else a block decoded into buf then dotted."""
+    """dot_row(row, f16, x, buf) -> row · x: the format's fused dot, else a block dequantized into buf, then dotted."""
     deq, dot, block, block_bytes = fmt.deq, fmt.dot, fmt.block, fmt.block_bytes
 
     @njit(inline="always", nogil=True)

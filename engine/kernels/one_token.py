@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import get_num_threads
 
+from ..cache_types import cache_bits
 from ..formats import bf16, f16
 from ..layer import DenseFfn
 from . import PACKED_TYPES, PARALLEL_MIN_BYTES, WeightMatrix, attention, decode
-from .ops import cache_bits
 
 if TYPE_CHECKING:
     from ..layer import LayerSpec, Linear, Norm

@@ -387,8 +387,8 @@ def unpack_row(q, s, fmt, block_bytes, copies, halves, row, out):
 
 
 @njit(cache=True, nogil=True)
-def decode_row(q, s, fmt, block_bytes, copies, halves, f16, row, buf, out):
-    """W[row] -> out (n,) float32, through its file bytes (buf, row_bytes) and blocks.py's decoders."""
+def dequantize_row(q, s, fmt, block_bytes, copies, halves, f16, row, buf, out):
+    """W[row] -> out (n,) float32, through its file bytes (buf, row_bytes) and blocks.py's dequantizers."""
     unpack_row(q, s, fmt, block_bytes, copies, halves, row, buf)
     cpu.deq_row(fmt, buf, f16, out)
 
@@ -402,4 +402,4 @@ def dequantize_rows(q, s, fmt, block_bytes, copies, halves, f16, r0, out):
     for c in prange(n_chunks):
         buf = np.empty(row_bytes, dtype=np.uint8)
         for i in range(c * k // n_chunks, (c + 1) * k // n_chunks):
-            decode_row(q, s, fmt, block_bytes, copies, halves, f16, r0 + i, buf, out[i])
+            dequantize_row(q, s, fmt, block_bytes, copies, halves, f16, r0 + i, buf, out[i])

@@ -86,7 +86,8 @@ def resident_empty(size: int, dtype: np.dtype | type) -> np.ndarray:
 
 def _file_mapping(a: np.ndarray) -> np.memmap | None:
     """The np.memmap that maps the file under `a` (its outermost one), if any."""
-    base, found = a, None
+    base: np.ndarray | None = a
+    found = None
     while base is not None:
         if isinstance(base, np.memmap):
             found = base
@@ -110,7 +111,8 @@ class FileRows:
     def __init__(self, a: np.ndarray) -> None:
         """a: a C-contiguous 2-D view of a read-only np.memmap; ValueError when it is not one."""
         root = _file_mapping(a)
-        if root is None or root.mode not in ("r", "readonly") or a.ndim != 2 or not a.flags.c_contiguous:
+        if (root is None or root.filename is None or root.mode not in ("r", "readonly")
+                or a.ndim != 2 or not a.flags.c_contiguous):  # fmt: skip
             raise ValueError("not a 2-D view of a read-only file mapping")
         self._offset = int(root.offset) + (a.ctypes.data - root.ctypes.data)  # of row 0 in the file
         self._shape, self._dtype = a.shape, a.dtype

@@ -47,6 +47,8 @@ def norm_rows(x: np.ndarray, norm: Norm, rowwise: bool, out: np.ndarray | None =
     a kernel runs: a LayerNorm of several rows, not rowwise, is NumPy's."""
     if norm.kind == "rms":
         return rms_norm_rows(x, norm.weight, norm.eps, out=out)
+    if norm.bias is None:
+        raise ValueError("a LayerNorm needs its bias")
     if rowwise:  # each row as the one-token layer normalizes it
         return layer_norm_rows(x, norm.weight, norm.bias, norm.eps, out=out)
     return layer_norm(x, norm.weight, norm.bias, norm.eps)

@@ -178,6 +178,20 @@ async def test_a_tool_turned_off_is_not_offered():
         await tools_ready(pilot, "6 tools")  # per chat: a new chat offers them all again
 
 
+async def test_the_tool_list_takes_keys_with_a_tool_already_off():
+    """Reopened with one tool off, the list still turns it back on: the screen keeps the ticks in a field of
+    its own, not in Widget.disabled (which a non-empty set would make true, disabling the whole screen)."""
+    app = make_app(FakeBackend(["plain"]), mcp=TOOLS)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await tools_ready(pilot)
+        for expected in ("5 tools (1 off)", "6 tools"):  # the first tool (add) off, then on again
+            app.action_list_tools()
+            await pilot.pause()
+            assert isinstance(app.screen, ToolsScreen) and not app.screen.disabled
+            await pilot.press("space", "escape")
+            await tools_ready(pilot, expected)
+
+
 async def test_on_a_remote_model_the_server_s_call_runs_here_after_approval(tmp_path: Path):
     """`--api-base`: the MCP tools go to the server in `tools`, its streamed tool_calls come back, the app asks,
     runs the call on the MCP server here, and sends the call and its result back with the next request."""

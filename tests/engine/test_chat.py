@@ -217,8 +217,7 @@ def test_a_reply_that_fills_the_context_stops_with_context(smollm2_model) -> Non
     """One message and no end-of-turn token: nothing can be dropped, so the reply runs until the cache is full and
     ends with STOP_CONTEXT (not STOP_LENGTH: max_tokens is far beyond the context)."""
     n_ctx = 64
-    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=10_000), n_ctx=n_ctx)
-    chat.stop_ids = set()  # as the server's ignore_eos does
+    chat = ChatSession(smollm2_model, replace(GREEDY, max_tokens=10_000), n_ctx=n_ctx, stop_ids=())  # as ignore_eos
     events, stats = run(chat, [Message("user", "Count from one upwards.")])
     assert stats.stop_reason == STOP_CONTEXT
     assert stats.context_shifts == 0 and stats.dropped_messages == 0

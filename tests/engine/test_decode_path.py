@@ -91,7 +91,7 @@ def test_causal_attention_matches_reference(t: int, start: int, parallel_blas: b
     if parallel_blas:
         assert kernels.blas_sgemm_address(), "NumPy's BLAS should provide a 64-bit-integer sgemm here"
     else:
-        monkeypatch.setattr(kernels.ops, "_sgemm_address", [0])
+        monkeypatch.setattr(kernels.products, "_sgemm_address", [0])
     rng = np.random.default_rng(t + start)
     n_head, n_kv, hd, n_ctx = 14, 2, 64, 256
     q = rng.standard_normal((t, n_head, hd)).astype(np.float32)
@@ -108,7 +108,7 @@ def test_sliding_window_softcap_and_ring(t: int, start: int, parallel_blas: bool
     """Attention over a ring cache (position p in row p % 16) with a window of 8, soft-capped scores and a
     scale of its own, against the oracle over the same keys in position order."""
     if not parallel_blas:
-        monkeypatch.setattr(kernels.ops, "_sgemm_address", [0])
+        monkeypatch.setattr(kernels.products, "_sgemm_address", [0])
     rng = np.random.default_rng(t + start)
     n_head, n_kv, hd, rows, window, cap, scale = 4, 2, 32, 16, 8, 2.0, 0.3
     end = start + t

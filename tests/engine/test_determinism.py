@@ -174,8 +174,7 @@ def test_every_family_and_float_matrices(tmp_path, arch: str, matrix_type: T) ->
     without --deterministic, and GPT-2's LayerNorm and GELU, which the prompt path computes in NumPy without it,
     give the same logits and cache whatever the split (40 tokens past Gemma's window of 5; pieces of 1 to 23)."""
     tiny = write_tiny_model(tmp_path / "m.gguf", arch, matrix_type=matrix_type)
-    model = load_model(tiny.path, n_ctx=64)
-    model.deterministic = True
+    model = load_model(tiny.path, n_ctx=64, deterministic=True)
     ids = [int(i) for i in np.random.default_rng(5).integers(3, tiny.n_vocab, 40)]
     whole = model.session()
     want = whole.eval(ids)

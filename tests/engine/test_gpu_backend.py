@@ -19,7 +19,7 @@ from engine import SettingsError, load_model
 from engine import model as engine_model
 from engine.gpu import NUMPY, DeviceError, offload_for, ops, pick_backend, split_layers
 from engine.gpu import matrix as gpu_matrix
-from engine.gpu.decode import DECODERS, decode_rows
+from engine.gpu.dequantize import DEQUANTIZERS, dequantize_rows
 from engine.gpu.matrix import DeviceMatrix, matmul
 from engine.kernels import SUPPORTED_TYPES, WeightMatrix, float_products
 from engine.model import Model
@@ -72,16 +72,16 @@ def random_rows(ggml_type: T, rows: int, cols: int, seed: int = 0) -> np.ndarray
 ALL_TYPES = sorted(SUPPORTED_TYPES, key=lambda t: t.value)
 
 
-def test_every_supported_type_has_a_decoder() -> None:
-    assert set(DECODERS) == set(SUPPORTED_TYPES)
+def test_every_supported_type_has_a_dequantizer() -> None:
+    assert set(DEQUANTIZERS) == set(SUPPORTED_TYPES)
 
 
 @pytest.mark.parametrize("ggml_type", ALL_TYPES, ids=lambda t: t.name)
-def test_decoder_matches_gguf(ggml_type: T) -> None:
+def test_dequantizer_matches_gguf(ggml_type: T) -> None:
     cols = 512  # two K-quant super-blocks per row
     raw = random_rows(ggml_type, 24, cols, seed=ggml_type.value)
     want = dequantize(raw, ggml_type).reshape(24, cols)
-    got = decode_rows(np, ggml_type, raw, cols)
+    got = dequantize_rows(np, ggml_type, raw, cols)
     assert got.dtype == np.float32 and got.shape == (24, cols)
     np.testing.assert_array_equal(got, want)
 

@@ -1,6 +1,6 @@
 """The mixture-of-experts families on a device (engine/gpu/offload.py DeviceOps.router_ffn), run on the NumPy
 backend: each family's synthetic file fully and partly offloaded, against the float64 reference and against the
-CPU engine; the experts uploaded in their encoding and decoded only where chosen, once per pass."""
+CPU engine; the experts uploaded in their encoding and dequantized only where chosen, once per pass."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def tiny(tmp_path_factory) -> dict[tuple[str, T], tuple[TinyModel, np.ndarray]]:
 def test_offloaded_matches_reference_and_cpu(tiny, arch: str, matrix_type: T) -> None:
     """All layers and the output on the device, then the first layer only (the rest on the CPU): the prompt
     whole and token by token (the device's one-token path), against the reference at the float bound: the
-    device's products are float ones, Q8_0 weights decoded. Measured max |Δ| / spread, all layers: 2.0e-5
+    device's products are float ones, Q8_0 weights dequantized. Measured max |Δ| / spread, all layers: 2.0e-5
     (granitemoeshared) to 6.8e-4 (qwen2moe F32), Q8_0 at most 1.1e-3 (qwen2moe)."""
     m, ref = tiny[arch, matrix_type]
     cpu = load_model(m.path, n_ctx=64)
@@ -64,8 +64,8 @@ def test_offloaded_matches_reference_and_cpu(tiny, arch: str, matrix_type: T) ->
         assert delta <= DEVICE_CPU_BOUND, f"device against the CPU engine: {delta:.2e} of the spread"
 
 
-def test_experts_stay_encoded_and_only_the_chosen_are_decoded(tiny, monkeypatch) -> None:
-    """The 3-D expert tensors go to the device in the file's Q8_0 bytes; a pass of 20 tokens decodes, per layer,
+def test_experts_stay_encoded_and_only_the_chosen_are_dequantized(tiny, monkeypatch) -> None:
+    """The 3-D expert tensors go to the device in the file's Q8_0 bytes; a pass of 20 tokens dequantizes, per layer,
     the slice of each expert some token chose, once per matrix, and no other."""
     m, _ = tiny["qwen3moe", T.Q8_0]
     model = load_model(m.path, n_ctx=64, device="numpy")
@@ -78,20 +78,20 @@ def test_experts_stay_encoded_and_only_the_chosen_are_decoded(tiny, monkeypatch)
     )
     assert model.offload.nbytes > experts  # the device memory counted holds every expert
 
-    decoded: list[str] = []
+    dequantized: list[str] = []
     chosen: list[np.ndarray] = []  # per layer, the experts each token chose (t, k)
-    real_decode, real_route = DeviceMatrix.decode, engine.gpu.offload.route
+    real_dequantize, real_route = DeviceMatrix.dequantize, engine.gpu.offload.route
 
-    def decode(self, xp, r0=0, r1=None):
-        decoded.append(self.name)
-        return real_decode(self, xp, r0, r1)
+    def dequantize(self, xp, r0=0, r1=None):
+        dequantized.append(self.name)
+        return real_dequantize(self, xp, r0, r1)
 
     def route(logits, k, norm_weights):
         ids, w = real_route(logits, k, norm_weights)
         chosen.append(ids)
         return ids, w
 
-    monkeypatch.setattr(DeviceMatrix, "decode", decode)
+    monkeypatch.setattr(DeviceMatrix, "dequantize", dequantize)
     monkeypatch.setattr(engine.gpu.offload, "route", route)
     model.logits(IDS)
     assert len(chosen) == m.n_layer
@@ -102,4 +102,4 @@ def test_experts_stay_encoded_and_only_the_chosen_are_decoded(tiny, monkeypatch)
         for k in ("gate", "up", "down")
     ]
     assert 2 < len(np.unique(chosen[0])) < 8  # the pass spreads over several experts, not all of them
-    assert sorted(n for n in decoded if "_exps" in n) == sorted(expected)
+    assert sorted(n for n in dequantized if "_exps" in n) == sorted(expected)

@@ -1,5 +1,5 @@
 """A draft model's weights re-encoded at load (engine/requantize.py, `--draft-type`): ggml's Q4_0 quantizer bit for
-bit, matrices that decode as gguf's own round trip, fewer bytes a token, and replies still plain decoding's."""
+bit, matrices that dequantize as gguf's own round trip, fewer bytes a token, and replies still plain decoding's."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def test_config_refuses_an_unknown_draft_type(tmp_path, isolated_dirs) -> None:
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight"])
-def test_a_requantized_matrix_decodes_as_ggufs_round_trip(qwen_model, name: str) -> None:
-    """Q5_0, Q8_0 and Q6_K tensors of the real 0.5B file: the packed Q4_0 weight decodes to exactly what gguf
-    gets by decoding the file's bytes and quantizing them to Q4_0, and keeps no copy of those bytes."""
+def test_a_requantized_matrix_dequantizes_as_ggufs_round_trip(qwen_model, name: str) -> None:
+    """Q5_0, Q8_0 and Q6_K tensors of the real 0.5B file: the packed Q4_0 weight dequantizes to exactly what gguf
+    gets by dequantizing the file's bytes and quantizing them to Q4_0, and keeps no copy of those bytes."""
     t = qwen_model.file.tensors[name]
     w = WeightMatrix.from_raw(name, t.ggml_type, t.shape[1], t.shape[0], t.data)
     q = requantize_matrix(w, T.Q4_0)

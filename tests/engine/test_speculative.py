@@ -161,8 +161,7 @@ def test_sampled_replies_follow_the_target_distribution(tiny, kind: str) -> None
         b = max(dist([*prompt, a]).items(), key=lambda kv: kv[1])[0]
         c = max(dist([*prompt, a, b]).items(), key=lambda kv: kv[1])[0]
         drafter = FixedDrafter([b, c])
-    chat = ChatSession(tiny, settings, drafter=drafter)
-    chat.stop_ids = set()  # outcomes are exactly three tokens
+    chat = ChatSession(tiny, settings, drafter=drafter, stop_ids=())  # outcomes are exactly three tokens
     seen: Counter = Counter()
     drafted = accepted = 0
     n = 3000

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from textual import events, on
 from textual.app import ComposeResult
@@ -141,7 +142,8 @@ def apply_knob(
     """A new SamplingSettings with `name` set to `value`, clamped to its range."""
     knob = KNOBS_BY_NAME[name]
     hi = max_tokens_cap if name == "max_tokens" and max_tokens_cap else None
-    return dataclasses.replace(settings, **{name: knob.clamp(value, hi)})
+    change: dict[str, Any] = {name: knob.clamp(value, hi)}  # an int for the int fields (Knob.clamp)
+    return dataclasses.replace(settings, **change)
 
 
 class Stepper(Static):

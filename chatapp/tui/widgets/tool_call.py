@@ -30,7 +30,7 @@ STATUS = {
 class ToolCallBlock(Static, can_focus=True):
     """One call: `tool · server` on the border, the arguments, then the result (collapsed past a few lines)."""
 
-    BINDINGS = [Binding("enter", "toggle", "Expand result")]
+    BINDINGS = [Binding("enter", "expand", "Expand result")]
 
     def __init__(self, record: ToolRecord) -> None:
         super().__init__("", markup=False)
@@ -61,12 +61,13 @@ class ToolCallBlock(Static, can_focus=True):
         self.set_class(record.status in ("error", "denied", "stopped"), "-failed")
         return Content("\n").join(parts)
 
-    def action_toggle(self) -> None:
+    def action_expand(self) -> None:
+        """Show the whole result, or the first lines again (DOMNode's `action_toggle` flips an attribute)."""
         self.expanded = not self.expanded
         self.update(self._describe())
 
     def on_click(self) -> None:
-        self.action_toggle()
+        self.action_expand()
 
 
 class ApprovalPrompt(Static, can_focus=True):
@@ -104,10 +105,10 @@ class ToolsScreen(ModalScreen[set[str] | None]):
 
     BINDINGS = [Binding("escape", "done", "Close")]
 
-    def __init__(self, tools: list, disabled: set[str], servers: list[str]) -> None:
+    def __init__(self, tools: list, tools_off: set[str], servers: list[str]) -> None:
         super().__init__()
         self.tools = tools
-        self.disabled = disabled
+        self.tools_off = tools_off  # not Widget.disabled, which would disable the screen itself
         self.servers = servers
 
     def compose(self) -> ComposeResult:
@@ -117,7 +118,7 @@ class ToolsScreen(ModalScreen[set[str] | None]):
             yield SelectionList[str](
                 *[
                     Selection(f"{t.name} · {t.server} — {t.description.splitlines()[0] if t.description else ''}",
-                              t.name, t.name not in self.disabled)  # fmt: skip
+                              t.name, t.name not in self.tools_off)  # fmt: skip
                     for t in self.tools
                 ]
             )
