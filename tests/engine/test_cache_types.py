@@ -92,7 +92,7 @@ def test_causal_attention_reads_q8_0(t: int, start: int, rowwise: bool, parallel
     """The prompt path (blocks over BLAS, the NumPy fallback, short passes and --deterministic's rows) over a
     q8_0 ring with a window and a soft-cap, K and V of each type: the definition over the dequantized keys."""
     if not parallel_blas:
-        monkeypatch.setattr(kernels.ops, "_sgemm_address", [0])
+        monkeypatch.setattr(kernels.products, "_sgemm_address", [0])
     rng = np.random.default_rng(t + start)
     n_head, n_kv, hd, rows, window, cap, scale = 4, 2, 64, 48, 24, 2.0, 0.3
     end = start + t
