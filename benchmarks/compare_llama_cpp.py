@@ -105,6 +105,19 @@ for _ in range(5):
 print(json.dumps({"after_600_s": min(after), "fresh_s": min(fresh)}))
 """
 
+# The machine's read bandwidth now (engine/kernels/memory.ReadProbe, 1 GiB, the kernels' threads), and the weight
+# bytes one decoded token reads from this file (our count: packed matrices, the head, n_used experts).
+PROBE = r"""
+import json, sys
+from engine.kernels.memory import ReadProbe
+print(json.dumps({"read_gb_s": ReadProbe().measure(repeats=3) / 1e9}))
+"""
+BYTES = r"""
+import sys
+from engine import load_model
+print(load_model(sys.argv[1], n_ctx=64).weights.decode_bytes())
+"""
+
 START = r"""
 import time; t0 = time.perf_counter()
 from engine import load_model
@@ -198,6 +211,8 @@ def main() -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bandwidth", action="store_true", help="decode as %% of the read bandwidth, per run")
+    ap.add_argument("--skip-extras", action="store_true", help="no follow-up turn and start-up measurements")
     ap.add_argument("--requantize", default="", help="comma-separated llama.cpp file types, e.g. Q5_K_M,Q3_K_S")
     args = ap.parse_args()
     presets = list(filter(None, args.generate.split(",")))
@@ -223,18 +238,30 @@ def main() -> int:
             targets.append((f"{spec} → {ftype}", requantized(args.llama_python, src, ftype)))
 
     def measure(path: str, n_prompt: int, n_gen: int) -> dict[str, dict[str, float]]:
-        """Median over the rounds of each engine's WORKER results, the engines alternating."""
+        """Median over the rounds of each engine's WORKER results, the engines alternating; with --bandwidth,
+        each run's decode as % of the read bandwidth measured right after it."""
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         common = (path, str(n_prompt), str(n_gen), str(args.threads))
+        per_token = int(run_worker(sys.executable, BYTES, path)) if args.bandwidth else 0
+
+        def run(eng: str, python: str) -> None:
+            r = run_worker(python, WORKER, eng, *common)
+            if per_token:
+                read = run_worker(sys.executable, PROBE)["read_gb_s"]
+                r |= {"read_gb_s": read, "bandwidth_pct": 100 * per_token * r["decode_tok_s"] / (read * 1e9)}
+            results[eng].append(r)
+
         for _ in range(args.rounds):
-            results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
+            run("ours", sys.executable)
             if args.llama_python:
-                results["llama.cpp"].append(run_worker(args.llama_python, WORKER, "llama", *common))
+                run("llama.cpp", args.llama_python)
             for eng, runs in results.items():
                 if runs:
                     r, spin = runs[-1], " (spinning)" if runs[-1].get("spinning") else ""
+                    bw = f" ({r['bandwidth_pct']:.0f}% of {r['read_gb_s']:.1f} GB/s)" if "read_gb_s" in r else ""
+                    load = f"; loadavg {os.getloadavg()[0]:.2f}"
                     print(f"  {Path(path).name} p{n_prompt} {eng}: prefill {r['prefill_tok_s']:.1f}, decode "
-                          f"{r['decode_tok_s']:.1f}{spin}", file=sys.stderr)  # fmt: skip
+                          f"{r['decode_tok_s']:.1f}{bw}{spin}{load}", file=sys.stderr)  # fmt: skip
         return {
             eng: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for eng, runs in results.items() if runs
         }
@@ -245,6 +272,9 @@ def main() -> int:
         run_worker(sys.executable, WORKER, "ours", path, str(args.n_prompt), str(args.n_gen), str(args.threads))
         med = measure(path, args.n_prompt, args.n_gen)  # the first run above compiled / warmed the caches
         depth_rows += [(spec, depth, measure(path, depth, args.depth_gen)) for depth in depths]
+        if args.skip_extras:
+            rows.append((spec, med, {}, 0.0))
+            continue
         follow = {"ours": run_worker(sys.executable, FOLLOW_UP, "ours", path, str(args.threads))}
         if args.llama_python:
             follow["llama.cpp"] = run_worker(args.llama_python, FOLLOW_UP, "llama", path, str(args.threads))
@@ -253,26 +283,29 @@ def main() -> int:
 
     print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds")
     print(f"{cpu_description()}\n")
-    print("| model | engine | prefill tok/s | decode tok/s | load s | peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    print(f"loadavg at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("| model | engine | prefill tok/s | decode tok/s | decode % of read bandwidth | load s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
     for spec, med, _, _ in rows:
         for eng, m in med.items():
+            bw = f"{m['bandwidth_pct']:.0f}% of {m['read_gb_s']:.1f} GB/s" if "read_gb_s" in m else ""
             print(
-                f"| {spec} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {m['load_s']:.2f} "
+                f"| {spec} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {bw} | {m['load_s']:.2f} "
                 f"| {m['peak_rss_mb']:.0f} |"
             )
         if "llama.cpp" in med:
             o, ref = med["ours"], med["llama.cpp"]
             print(
                 f"| {spec} | **ratio** | {o['prefill_tok_s'] / ref['prefill_tok_s']:.2f}× "
-                f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
+                f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
             )
     if depth_rows:
         print(f"\nAt depth: decode {args.depth_gen} tokens after a prompt of DEPTH tokens, median of {args.rounds}")
         print("\n| model | depth | engine | prefill tok/s | decode tok/s | peak RSS MB |\n|---|---|---|---|---|---|")
         for spec, depth, med in depth_rows:
             for eng, m in med.items():
-                print(f"| {spec} | {depth} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} "
+                bw = f" ({m['bandwidth_pct']:.0f}% of {m['read_gb_s']:.1f} GB/s)" if "read_gb_s" in m else ""
+                print(f"| {spec} | {depth} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f}{bw} "
                       f"| {m['peak_rss_mb']:.0f} |")  # fmt: skip
             if "llama.cpp" in med:
                 o, ref = med["ours"], med["llama.cpp"]
