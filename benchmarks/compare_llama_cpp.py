@@ -54,6 +54,7 @@ if engine_name == "ours":
     for _ in range(n_gen):
         logits = session.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
+    weight_bytes = model.weights.decode_bytes()
 else:
     from llama_cpp import Llama
     llm = Llama(model_path=path, n_ctx=n_prompt + n_gen + 8, n_threads=threads, n_threads_batch=threads,
@@ -67,10 +68,11 @@ else:
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
         llm.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
+    weight_bytes = 0
 import os
 print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                  "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ}))
+                  "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ, "weight_bytes": weight_bytes}))
 """
 
 FOLLOW_UP = r"""
@@ -105,17 +107,12 @@ for _ in range(5):
 print(json.dumps({"after_600_s": min(after), "fresh_s": min(fresh)}))
 """
 
-# The machine's read bandwidth now (engine/kernels/memory.ReadProbe, 1 GiB, the kernels' threads), and the weight
-# bytes one decoded token reads from this file (our count: packed matrices, the head, n_used experts).
+# The machine's read bandwidth now (engine/kernels/memory.ReadProbe, 1 GiB, the kernels' threads). Set against
+# the weight bytes one decoded token reads (our count, for both engines: packed matrices, head, n_used experts).
 PROBE = r"""
 import json, sys
 from engine.kernels.memory import ReadProbe
 print(json.dumps({"read_gb_s": ReadProbe().measure(repeats=3) / 1e9}))
-"""
-BYTES = r"""
-import sys
-from engine import load_model
-print(load_model(sys.argv[1], n_ctx=64).weights.decode_bytes())
 """
 
 START = r"""
@@ -242,11 +239,13 @@ def main() -> int:
         each run's decode as % of the read bandwidth measured right after it."""
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         common = (path, str(n_prompt), str(n_gen), str(args.threads))
-        per_token = int(run_worker(sys.executable, BYTES, path)) if args.bandwidth else 0
+        per_token = 0
 
         def run(eng: str, python: str) -> None:
+            nonlocal per_token
             r = run_worker(python, WORKER, eng, *common)
-            if per_token:
+            per_token = per_token or int(r["weight_bytes"])  # ours runs first in every round
+            if args.bandwidth:
                 read = run_worker(sys.executable, PROBE)["read_gb_s"]
                 r |= {"read_gb_s": read, "bandwidth_pct": 100 * per_token * r["decode_tok_s"] / (read * 1e9)}
             results[eng].append(r)
