@@ -312,6 +312,8 @@ def main() -> int:
                 print(f"| {spec} | {depth} | **ratio** | " + " | ".join(f"{r:.2f}×" for r in ratios) + " |")
     print()
     for spec, _, follow, start in rows:
+        if not follow:  # --skip-extras
+            continue
         turns = ", ".join(
             f"{eng} {f['after_600_s'] * 1e3:.0f} ms ({f['after_600_s'] / f['fresh_s']:.2f}× its fresh session's)"
             for eng, f in follow.items()
