@@ -59,6 +59,7 @@ if engine_name == "ours":
         logits = session.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
     kv_mb = session.cache.nbytes / 1e6
+    weight_bytes = model.weights.decode_bytes()
 else:
     from llama_cpp import Llama
     ggml_type = {"f16": 1, "q8_0": 8}  # GGML_TYPE_F16, GGML_TYPE_Q8_0
@@ -75,10 +76,11 @@ else:
         llm.eval([int(np.argmax(logits))])
     decode_s = time.perf_counter() - t2
     kv_mb = 0.0  # not measured
+    weight_bytes = 0
 import os
 print(json.dumps({"load_s": load_s, "prefill_tok_s": n_prompt / prefill_s, "decode_tok_s": n_gen / decode_s,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "kv_cache_mb": kv_mb,
-                  "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ}))
+                  "spinning": engine_name == "ours" and "GOMP_SPINCOUNT" in os.environ, "weight_bytes": weight_bytes}))
 """
 
 FOLLOW_UP = r"""
@@ -111,6 +113,14 @@ for _ in range(5):
     after.append(run(history, new))
     fresh.append(run([], new))
 print(json.dumps({"after_600_s": min(after), "fresh_s": min(fresh)}))
+"""
+
+# The machine's read bandwidth now (engine/kernels/memory.ReadProbe, 1 GiB, the kernels' threads). Set against
+# the weight bytes one decoded token reads (our count, for both engines: packed matrices, head, n_used experts).
+PROBE = r"""
+import json, sys
+from engine.kernels.memory import ReadProbe
+print(json.dumps({"read_gb_s": ReadProbe().measure(repeats=3) / 1e9}))
 """
 
 START = r"""
@@ -206,6 +216,8 @@ def main() -> int:
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bandwidth", action="store_true", help="decode as %% of the read bandwidth, per run")
+    ap.add_argument("--skip-extras", action="store_true", help="no follow-up turn and start-up measurements")
     ap.add_argument("--requantize", default="", help="comma-separated llama.cpp file types, e.g. Q5_K_M,Q3_K_S")
     for flag, what in (("k", "keys"), ("v", "values")):
         ap.add_argument(
@@ -236,18 +248,32 @@ def main() -> int:
             targets.append((f"{spec} → {ftype}", requantized(args.llama_python, src, ftype)))
 
     def measure(path: str, n_prompt: int, n_gen: int) -> dict[str, dict[str, float]]:
-        """Median over the rounds of each engine's WORKER results, the engines alternating."""
+        """Median over the rounds of each engine's WORKER results, the engines alternating; with --bandwidth,
+        each run's decode as % of the read bandwidth measured right after it."""
         results: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         common = (path, str(n_prompt), str(n_gen), str(args.threads), args.cache_type_k, args.cache_type_v)
+        per_token = 0
+
+        def run(eng: str, python: str) -> None:
+            nonlocal per_token
+            r = run_worker(python, WORKER, eng, *common)
+            per_token = per_token or int(r["weight_bytes"])  # ours runs first in every round
+            if args.bandwidth:
+                read = run_worker(sys.executable, PROBE)["read_gb_s"]
+                r |= {"read_gb_s": read, "bandwidth_pct": 100 * per_token * r["decode_tok_s"] / (read * 1e9)}
+            results[eng].append(r)
+
         for _ in range(args.rounds):
-            results["ours"].append(run_worker(sys.executable, WORKER, "ours", *common))
+            run("ours", sys.executable)
             if args.llama_python:
-                results["llama.cpp"].append(run_worker(args.llama_python, WORKER, "llama", *common))
+                run("llama.cpp", args.llama_python)
             for eng, runs in results.items():
                 if runs:
                     r, spin = runs[-1], " (spinning)" if runs[-1].get("spinning") else ""
+                    bw = f" ({r['bandwidth_pct']:.0f}% of {r['read_gb_s']:.1f} GB/s)" if "read_gb_s" in r else ""
+                    load = f"; loadavg {os.getloadavg()[0]:.2f}"
                     print(f"  {Path(path).name} p{n_prompt} {eng}: prefill {r['prefill_tok_s']:.1f}, decode "
-                          f"{r['decode_tok_s']:.1f}{spin}", file=sys.stderr)  # fmt: skip
+                          f"{r['decode_tok_s']:.1f}{bw}{spin}{load}", file=sys.stderr)  # fmt: skip
         return {
             eng: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for eng, runs in results.items() if runs
         }
@@ -259,6 +285,9 @@ def main() -> int:
                    args.cache_type_k, args.cache_type_v)  # fmt: skip
         med = measure(path, args.n_prompt, args.n_gen)  # the first run above compiled / warmed the caches
         depth_rows += [(spec, depth, measure(path, depth, args.depth_gen)) for depth in depths]
+        if args.skip_extras:
+            rows.append((spec, med, {}, 0.0))
+            continue
         follow = {"ours": run_worker(sys.executable, FOLLOW_UP, "ours", path, str(args.threads))}
         if args.llama_python:
             follow["llama.cpp"] = run_worker(args.llama_python, FOLLOW_UP, "llama", path, str(args.threads))
@@ -268,26 +297,29 @@ def main() -> int:
     print(f"\n{args.threads} threads, prompt {args.n_prompt}, decode {args.n_gen}, median of {args.rounds} rounds, "
           f"KV cache K {args.cache_type_k}, V {args.cache_type_v}")  # fmt: skip
     print(f"{cpu_description()}\n")
-    print("| model | engine | prefill tok/s | decode tok/s | load s | peak RSS MB |")
-    print("|---|---|---|---|---|---|")
+    print(f"loadavg at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("| model | engine | prefill tok/s | decode tok/s | decode % of read bandwidth | load s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
     for spec, med, _, _ in rows:
         for eng, m in med.items():
+            bw = f"{m['bandwidth_pct']:.0f}% of {m['read_gb_s']:.1f} GB/s" if "read_gb_s" in m else ""
             print(
-                f"| {spec} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {m['load_s']:.2f} "
+                f"| {spec} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {bw} | {m['load_s']:.2f} "
                 f"| {m['peak_rss_mb']:.0f} |"
             )
         if "llama.cpp" in med:
             o, ref = med["ours"], med["llama.cpp"]
             print(
                 f"| {spec} | **ratio** | {o['prefill_tok_s'] / ref['prefill_tok_s']:.2f}× "
-                f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
+                f"| {o['decode_tok_s'] / ref['decode_tok_s']:.2f}× | | | {o['peak_rss_mb'] / ref['peak_rss_mb']:.2f}× |"
             )
     if depth_rows:
         print(f"\nAt depth: decode {args.depth_gen} tokens after a prompt of DEPTH tokens, median of {args.rounds}")
         print("\n| model | depth | engine | prefill tok/s | decode tok/s | peak RSS MB |\n|---|---|---|---|---|---|")
         for spec, depth, med in depth_rows:
             for eng, m in med.items():
-                print(f"| {spec} | {depth} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f} "
+                bw = f" ({m['bandwidth_pct']:.0f}% of {m['read_gb_s']:.1f} GB/s)" if "read_gb_s" in m else ""
+                print(f"| {spec} | {depth} | {eng} | {m['prefill_tok_s']:.1f} | {m['decode_tok_s']:.1f}{bw} "
                       f"| {m['peak_rss_mb']:.0f} |")  # fmt: skip
             if "llama.cpp" in med:
                 o, ref = med["ours"], med["llama.cpp"]
@@ -295,6 +327,8 @@ def main() -> int:
                 print(f"| {spec} | {depth} | **ratio** | " + " | ".join(f"{r:.2f}×" for r in ratios) + " |")
     print()
     for spec, _, follow, start in rows:
+        if not follow:  # --skip-extras
+            continue
         turns = ", ".join(
             f"{eng} {f['after_600_s'] * 1e3:.0f} ms ({f['after_600_s'] / f['fresh_s']:.2f}× its fresh session's)"
             for eng, f in follow.items()

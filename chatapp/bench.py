@@ -4,7 +4,11 @@ model's device (CPU, or the GPU offload of `--device` / `--gpu-layers`).
 On the CPU it also reports how close decode comes to the memory-bandwidth limit: each token reads every weight
 matrix once, so decode tok/s × bytes per token is the weights' read rate, set against the machine's own read
 bandwidth measured in the same run (a parallel read of 1 GiB with the kernels' thread count, right after each
-repetition: on a shared machine the limit moves as much as the speed)."""
+repetition: on a shared machine the limit moves as much as the speed).
+
+`--split` (after a prompt of `--depth` tokens) shows where a decoded token's time goes: each part of the
+one-token step timed alone on the same state (engine/kernels/token_split.py), the products' read rate against
+the read bandwidth, and what is left unaccounted between the parts' sum and the whole step."""
 
 from __future__ import annotations
 
@@ -56,9 +60,50 @@ def text_prompt(model: Model, n_prompt: int) -> list[int]:
     return ids[:n_prompt]
 
 
+def measure_split(model: Model, depth: int, n_tokens: int = 16, seed: int = 0) -> dict[str, Any]:
+    """The split of a decoded token after `depth` random prompt tokens, as a dict of milliseconds per token."""
+    from engine.kernels.token_split import split_token
+
+    if depth < 1 or depth + n_tokens + 3 > model.n_ctx:
+        raise ValueError(f"--depth {depth} needs a context of {depth + n_tokens + 3}; raise -c")
+    rng = np.random.default_rng(seed)
+    session = model.session()
+    session.eval(rng.integers(0, model.n_vocab, size=depth).tolist())
+    s = split_token(session, n_tokens)
+    return {
+        "depth": s.depth,
+        "total_ms": 1e3 * s.total_s,
+        "parts_ms": {k: 1e3 * v for k, v in s.parts_s.items()},
+        "parts_sum_ms": 1e3 * s.parts_sum_s,
+        "unaccounted_ms": 1e3 * (s.total_s - s.parts_sum_s),
+        "launches": s.launches,
+        "launches_ms": 1e3 * s.launch_s,
+        "product_mb": s.product_bytes / 1e6,
+        "products_gb_s": s.product_bytes / (s.parts_s["products"] + s.parts_s["output head"]) / 1e9,
+    }
+
+
+def print_split(split: dict[str, Any], read_gb_s: float | None) -> None:
+    total = split["total_ms"]
+    print(f"\nA decoded token at depth {split['depth']}: {total:.2f} ms (median of 16; each part timed alone)")
+    print("| part | ms per token | share |\n|---|---|---|")
+    for name, ms in split["parts_ms"].items():
+        print(f"| {name} | {ms:.3f} | {100 * ms / total:.1f}% |")
+    print(f"| (unaccounted: the step's Python, caches) | {split['unaccounted_ms']:.3f} "
+          f"| {100 * split['unaccounted_ms'] / total:.1f}% |")  # fmt: skip
+    rate = f"{split['products_gb_s']:.1f} GB/s"
+    if read_gb_s:
+        rate += f", {100 * split['products_gb_s'] / read_gb_s:.0f}% of the {read_gb_s:.1f} GB/s read"
+    print(
+        f"products + head: {split['product_mb']:.0f} MB at {rate}; of their time, thread wake-ups: "
+        f"{split['launches']} launches, {split['launches_ms']:.3f} ms"
+    )
+
+
 def run_bench(
-    model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool, drafter: Drafter | None = None
-) -> int:
+    model: Model, n_prompt: int, n_gen: int, repetitions: int, as_json: bool, drafter: Drafter | None = None,
+    split_depth: int | None = None,
+) -> int:  # fmt: skip
     if n_prompt + n_gen > model.n_ctx:
         raise ValueError(f"-p {n_prompt} + -n {n_gen} exceed the context of {model.n_ctx}; raise -c")
     measure(model, min(n_prompt, 8), min(n_gen, 2))  # warm-up: page in the weights
@@ -114,6 +159,8 @@ def run_bench(
             "draft_acceptance": statistics.mean(s.acceptance_rate for s in drafted),
             "draft_tokens_per_pass": statistics.mean(s.tokens_per_pass for s in drafted),
         }
+    if split_depth is not None:
+        result["split"] = measure_split(model, split_depth)
     if as_json:
         print(json.dumps(result, indent=1))
         return 0
@@ -138,4 +185,6 @@ def run_bench(
             f"bandwidth (median; each repetition against a parallel read of 1 GiB with {model.threads} threads "
             f"right after it: {each}; read {result['read_bandwidth_gb_s']:.1f} GB/s, median)"
         )
+    if "split" in result:
+        print_split(result["split"], result.get("read_bandwidth_gb_s"))
     return 0

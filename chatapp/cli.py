@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-n", "--n-gen", type=int, default=128)
     bench.add_argument("-r", "--repetitions", type=int, default=3)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--split", action="store_true", help="where a decoded token's time goes, part by part")
+    bench.add_argument("--depth", type=int, default=0, help="the split after a prompt of this many tokens (-p's)")
     REMOTE.add_args(bench)
     return parser
 

@@ -190,7 +190,8 @@ class LocalCli:
 
         model = load(settings, say)
         drafter = make_drafter(settings, model, partial(load, say=say), say)
-        return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json, drafter=drafter)
+        split_depth = (args.depth or args.n_prompt) if getattr(args, "split", False) else None
+        return run_bench(model, args.n_prompt, args.n_gen, args.repetitions, args.json, drafter, split_depth)
 
 
 LOCAL = LocalCli()

@@ -117,6 +117,10 @@ class RouterFfn:
         (`ExpertTensor`)."""
         return [self.router, *(m for m in self.shared or () if m is not None)]
 
+    def expert_bytes(self) -> int:
+        """The bytes of experts one token reads: n_used experts' gate, up and down, as the file stores them."""
+        return self.n_used * sum(t.data.nbytes // t.n_expert for t in (self.gate, self.up, self.down))
+
     def touched(self) -> list[int]:
         """Experts whose weights have been read."""
         return sorted(set(self.gate.touched()) | set(self.up.touched()) | set(self.down.touched()))

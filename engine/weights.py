@@ -59,8 +59,9 @@ class Weights:
         return [m for m in mats if m is not None]
 
     def decode_bytes(self) -> int:
-        """The weight bytes one decoded token reads, packed where they are."""
-        return sum(m.nbytes for m in self.products())
+        """The weight bytes one decoded token reads, packed where they are; of a mixture-of-experts layer, its
+        router and n_used experts."""
+        return sum(m.nbytes for m in self.products()) + sum(lw.moe.expert_bytes() for lw in self.layers if lw.moe)
 
 
 def _fmt(shape: tuple[int, ...]) -> str:

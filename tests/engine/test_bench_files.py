@@ -39,6 +39,14 @@ def tiny_file(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> P
 
 
 @pytest.fixture(scope="module")
+def tiny_moe_file(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """The tiny-moe preset (qwen3moe: 16 experts, 4 used; heads of 128 with q/k norms), Q4_K_M mix."""
+    path = tmp_path_factory.mktemp("bench-file") / "tiny-moe.gguf"
+    write_model(path, PRESETS["tiny-moe"], "q4_k_m", seed=0, vocab_from=smollm2_path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def tiny_reader(tiny_file: Path) -> gguf.GGUFReader:
     return gguf.GGUFReader(tiny_file)  # parsing 98k vocabulary strings takes seconds: once per module
 
@@ -102,9 +110,11 @@ def test_seeded_and_streamed() -> None:
         next(tensor_chunks(T.Q4_K, 4, 100, np.random.default_rng(0)))
 
 
-def test_both_engines_load_it_and_agree(tiny_file: Path) -> None:
-    """Ours and llama.cpp on the same random file: finite logits of unit size at every position, and the same
-    top-1 token (bounds measured 2026-12-06 on an Intel Xeon, AVX2)."""
+@pytest.mark.parametrize("preset_file", ["tiny_file", "tiny_moe_file"])
+def test_both_engines_load_it_and_agree(preset_file: str, request: pytest.FixtureRequest) -> None:
+    """Ours and llama.cpp on the same random file, dense and mixture-of-experts: finite logits of unit size at
+    every position, and the same top-1 token (bounds measured 2026-12-06 on an Intel Xeon, AVX2)."""
+    tiny_file = request.getfixturevalue(preset_file)
     model = load_model(tiny_file, n_ctx=128, threads=2)
     ids = model.tokenize(TEXT, special=False)
     assert len(ids) > 10
@@ -120,7 +130,8 @@ def test_both_engines_load_it_and_agree(tiny_file: Path) -> None:
         assert np.isfinite(logits).all()
         assert (0.8 < logits.std(axis=1)).all() and (logits.std(axis=1) < 1.3).all()  # measured 1.05..1.07
     # Measured (llama.cpp 0.3.36, AVX2): top-1 17 of 18 (random logits have near-ties), |Δ| mean 0.026, max 0.26;
-    # llama.cpp rounds the activations to 8 bits for its K-quant products.
+    # llama.cpp rounds the activations to 8 bits for its K-quant products. The MoE file (Xeon family 6 model 207,
+    # AVX-512 VNNI): top-1 17 of 18, |Δ| mean 0.021, max 0.17.
     assert (ours.argmax(axis=1) == theirs.argmax(axis=1)).mean() >= 0.85
     assert np.abs(ours - theirs).mean() < 0.05
     assert np.abs(ours - theirs).max() < 0.5
@@ -137,3 +148,19 @@ def test_widest_rows_keep_normal_scales(ggml_type: T) -> None:
     assert (d.astype(np.float32) >= np.finfo(np.float16).smallest_normal).all()
     w = gguf.quants.dequantize(rows, ggml_type)  # (8, n_in)
     assert 0.6 < w.std() * np.sqrt(n_in) < 1.4
+
+
+def test_moe_plan_is_qwen3_30b_a3b_layer() -> None:
+    """The MoE preset's tensors: Qwen3-30B-A3B's per-layer shapes (experts stacked in 3-D tensors, the router F32,
+    q/k norms of a 128-wide head), Q6_K on ffn_down_exps and attn_v in llama.cpp's Q4_K_M layers."""
+    shape = PRESETS["qwen3moe-30b-a3b"]
+    tensors = {name: (t, s) for name, t, s in plan(shape, "q4_k_m", 49152)}
+    assert len([n for n in tensors if n.startswith("blk.")]) == 12 * 12  # 4 attention, router, 3 experts, 4 norms
+    assert tensors["blk.0.ffn_gate_inp.weight"] == (T.F32, (128, 2048))
+    assert tensors["blk.5.ffn_gate_exps.weight"] == (T.Q4_K, (128, 768, 2048 // 256 * 144))
+    assert tensors["blk.3.ffn_down_exps.weight"] == (T.Q6_K, (128, 2048, 768 // 256 * 210))  # use_more_bits(3, 12)
+    assert tensors["blk.4.ffn_down_exps.weight"][0] == T.Q4_K
+    assert tensors["blk.0.attn_q.weight"] == (T.Q4_K, (4096, 2048 // 256 * 144))
+    assert tensors["blk.0.attn_output.weight"] == (T.Q4_K, (2048, 4096 // 256 * 144))
+    assert tensors["blk.0.attn_k.weight"][1] == (512, 2048 // 256 * 144)
+    assert tensors["blk.0.attn_q_norm.weight"] == tensors["blk.0.attn_k_norm.weight"] == (T.F32, (128,))

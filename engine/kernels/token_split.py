@@ -1,0 +1,247 @@
+"""Where a decoded token's time goes: decode.layer taken apart into its products, its attention and the rest,
+each a compiled call with decode.layer's own signature, run alone on the same arguments and timed.
+
+`split_token` times the real one-token pass of a session, then each part on that same state (same weights,
+same position, same cache), so every figure is a measured time per token, not a model of one. The parts of a
+layer are decode.layer's code, with the other parts left out:
+- products: the layer's matrix-vector products, launched as decode.layer launches them (products3, product,
+  products2, product), on the activations' shapes;
+- attention: attend_one over the cached positions (parallel at depth, as decode.layer runs it);
+- outside: norms, q/k norms, RoPE, the cache write, SwiGLU, biases and residuals.
+Outside the layers: the embedding row and the final norm, the output head, and the sampler's argmax. Thread
+wake-ups are measured as the cost of an empty parallel launch times the launches the products make; they are
+a part of the products' time, shown beside it, not added again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numba import get_num_threads, njit, prange
+
+from .attention import attend_one, float_to_half, swiglu_row
+from .decode import (
+    add_bias,
+    gelu_tanh,
+    head_norms,
+    norm_into,
+    product,
+    products2,
+    products3,
+    rms_norm,
+    rope,
+    round_to_half,
+)
+
+if TYPE_CHECKING:
+    from ..model import Session
+
+
+@njit(cache=True, nogil=True)
+def layer_products(x, pos, kc, vc, cos, sin, threads,
+                   attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
+                   wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
+                   n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
+                   eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+    """decode.layer's products alone, launched as it launches them; x (d,) is read, not changed."""
+    d = x.shape[0]
+    h = x.copy()
+    q = np.empty(n_head * head_dim, dtype=np.float32)  # (n_head·hd,)
+    k = np.empty(n_kv * head_dim, dtype=np.float32)  # (n_kv·hd,)
+    v = np.empty(n_kv * head_dim, dtype=np.float32)
+    products3(wq, wk, wv, h, q, k, v, parallel_min_bytes)
+    o = np.empty(d, dtype=np.float32)
+    product(wo, q, o, parallel_min_bytes)
+    up = np.empty(d_ff, dtype=np.float32)
+    if ffn_kind == 2:
+        product(w_up, h, up, parallel_min_bytes)
+    else:
+        gate = np.empty(d_ff, dtype=np.float32)
+        products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
+    product(w_down, up, o, parallel_min_bytes)
+
+
+@njit(cache=True, nogil=True)
+def layer_attention(x, pos, kc, vc, cos, sin, threads,
+                    attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
+                    wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
+                    n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
+                    eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+    """decode.layer's attend_one alone, a query of ones over the cache as it stands (position pos written)."""
+    q = np.ones(n_head * head_dim, dtype=np.float32)  # (n_head·hd,)
+    a = np.empty(n_head * head_dim, dtype=np.float32)
+    attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, threads, a)
+
+
+@njit(cache=True, nogil=True)
+def layer_outside(x, pos, kc, vc, cos, sin, threads,
+                  attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
+                  wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
+                  n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
+                  eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+    """decode.layer without its products and attention: x (d,) in place (products' outputs taken as zeros);
+    writes the cache's row for pos, which the real step then overwrites."""
+    hd = head_dim
+    d = x.shape[0]
+    h = np.empty(d, dtype=np.float32)
+    q = np.zeros(n_head * hd, dtype=np.float32)
+    k = np.zeros(n_kv * hd, dtype=np.float32)
+    v = np.zeros(n_kv * hd, dtype=np.float32)
+    norm_into(x, attn_norm, attn_norm_b, layer_norm_kind, eps, h)
+    add_bias(q, bq)
+    add_bias(k, bk)
+    add_bias(v, bv)
+    if q_norm.shape[0]:
+        head_norms(q, n_head, hd, q_norm, eps)
+    if k_norm.shape[0]:
+        head_norms(k, n_kv, hd, k_norm, eps)
+    rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
+    rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
+    round_to_half(q)
+    row = pos % kc.shape[1]
+    for j in range(n_kv):
+        for i in range(hd):
+            kc[j, row, i] = float_to_half(k[j * hd + i])
+            vc[j, row, i] = float_to_half(v[j * hd + i])
+    h[:] = 0.0
+    add_bias(h, bo)
+    if attn_post_norm.shape[0]:
+        rms_norm(h, attn_post_norm, eps, h)
+    for i in range(d):
+        x[i] += h[i]
+    norm_into(x, ffn_norm, ffn_norm_b, layer_norm_kind, eps, h)
+    up = np.zeros(d_ff, dtype=np.float32)
+    add_bias(up, b_up)
+    if ffn_kind == 2:
+        for i in range(d_ff):
+            up[i] = gelu_tanh(up[i])
+    else:
+        gate = np.zeros(d_ff, dtype=np.float32)
+        swiglu_row(gate, up, up)  # GeGLU's table look-up costs the same per element
+    h[:] = 0.0
+    add_bias(h, b_down)
+    if ffn_post_norm.shape[0]:
+        rms_norm(h, ffn_post_norm, eps, h)
+    for i in range(d):
+        x[i] += h[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _empty_launch(out):
+    """A parallel region with one trivial item per thread: the cost of waking the threads and joining them."""
+    for i in prange(out.shape[0]):
+        out[i] += 1.0
+
+
+@njit(cache=True, nogil=True)
+def _launches(out, n):
+    for _ in range(n):
+        _empty_launch(out)
+
+
+@dataclass
+class TokenSplit:
+    """Seconds per decoded token (medians over the tokens measured) of the whole step and of each part."""
+
+    total_s: float  # session.eval of one token plus the argmax: what a decoded token costs
+    parts_s: dict[str, float]  # products, attention, outside the products, output head, embed + final norm, sampling
+    launches: int  # parallel launches the products make per token
+    launch_s: float  # of which thread wake-ups: launches × one empty launch's cost (inside products_s)
+    product_bytes: int  # weight bytes the layers' products and the head read per token
+    depth: int  # cached positions when the first measured token was decoded
+    runs: dict[str, list[float]] = field(default_factory=dict)  # every measurement, per part
+
+    @property
+    def parts_sum_s(self) -> float:
+        return sum(self.parts_s.values())
+
+
+def _parallel_launches(args: Any, parallel_min_bytes: int) -> int:
+    """The parallel launches decode.layer's products make: a group launches once when its packed bytes reach
+    the threshold (products3 / products2 / product, decode.py)."""
+
+    def size(w: tuple) -> int:
+        return sum(a.nbytes for a in w[:2]) if len(w) == 3 else w[0].nbytes
+
+    w = {n: getattr(args, n) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    groups = [("wq", "wk", "wv"), ("wo",), ("w_gate", "w_up") if args.ffn_kind != 2 else ("w_up",), ("w_down",)]
+    count = 0
+    for g in groups:
+        packed = all(len(w[n]) == 3 for n in g)
+        if len(g) > 1 and packed and sum(w[n][0].nbytes for n in g) >= parallel_min_bytes:
+            count += 1
+        else:
+            count += sum(size(w[n]) >= parallel_min_bytes for n in g)
+    return count
+
+
+def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
+    """Decode n_tokens greedy tokens in `session` (which must hold at least one token), timing each step, and
+    time every part of that step on the same state n_tokens times. Fused one-token models only."""
+    from ..kernels import matmul
+    from ..kernels.ops import embedding_rows
+    from ..kernels.prompt_ops import norm_rows
+    from ..layer import output_norm
+
+    model = session.model
+    layers = model._fast_layers()
+    if layers is None or model.offload is not None:
+        raise ValueError(f"{model.name}: its layers do not all run the one-token kernel, so there is no split")
+    if session.n_past == 0 or session.n_past + n_tokens + 3 > session.n_ctx:
+        raise ValueError("the split needs a session with tokens in it and room for n_tokens + 3 more")
+    cfg, w, cache = model.cfg, model.weights, session.cache
+    norm = output_norm(cfg, w)
+    threads = get_num_threads()
+    logits = session.eval([session.tokens[-1]])
+    start = session.n_past
+    names = ("products", "attention", "outside", "output head", "embed + final norm", "sampling (argmax)")
+    runs: dict[str, list[float]] = {"total": [], **{name: [] for name in names}}
+    # Each round: one real step, then every part on the state it left, so that a shared machine's load
+    # falls on the whole and its parts alike.
+    for _ in range(n_tokens + 1):  # the first round compiles the parts: not counted
+        t = time.perf_counter()
+        logits = session.eval([int(np.argmax(logits))])
+        np.argmax(logits)
+        total = time.perf_counter() - t
+        pos = session.n_past  # the next position: its cache row is scratch until the next real step writes it
+        ids = np.array([session.tokens[-1]])
+        x = np.asarray(embedding_rows(w.token_embd, ids, w.token_rows), np.float32)[0]  # (d,)
+        times = {"total": total}
+        for name, fn in (("products", layer_products), ("attention", layer_attention), ("outside", layer_outside)):
+            xs = x.copy()
+            t = time.perf_counter()
+            for li, layer in enumerate(layers):
+                fn(xs, pos, cache.k[li].view(np.uint16), cache.v[li].view(np.uint16), layer._cos[pos],
+                   layer._sin[pos], threads, *layer.args)  # fmt: skip
+            times[name] = time.perf_counter() - t
+        t = time.perf_counter()
+        matmul(w.output, x[None])  # (1, n_vocab)
+        times["output head"] = time.perf_counter() - t
+        t = time.perf_counter()
+        norm_rows(embedding_rows(w.token_embd, ids, w.token_rows), norm, False)  # (1, d)
+        times["embed + final norm"] = time.perf_counter() - t
+        t = time.perf_counter()
+        np.argmax(logits)
+        times["sampling (argmax)"] = time.perf_counter() - t
+        for name, v in times.items():
+            runs[name].append(v)
+    runs = {name: r[1:] for name, r in runs.items()}
+    pmb = layers[0].args.parallel_min_bytes
+    launches = sum(_parallel_launches(layer.args, pmb) for layer in layers) + 1  # + the head's
+    scratch = np.zeros(threads, np.float32)
+    _launches(scratch, 1)
+    launch_runs = []
+    for _ in range(5):
+        t = time.perf_counter()
+        _launches(scratch, 1000)
+        launch_runs.append((time.perf_counter() - t) / 1000)
+    parts = {name: statistics.median(r) for name, r in runs.items() if name != "total"}
+    product_bytes = sum(m.nbytes for m in w.products())
+    return TokenSplit(
+        total_s=statistics.median(runs["total"]), parts_s=parts, launches=launches,
+        launch_s=launches * min(launch_runs), product_bytes=product_bytes, depth=start, runs=runs,
+    )  # fmt: skip
