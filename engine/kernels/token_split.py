@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from ..cache_types import cache_bits
 from .attention import attend_one, float_to_half, swiglu_row
 from .decode import (
     add_bias,
@@ -183,8 +184,8 @@ def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
     """Decode n_tokens greedy tokens in `session` (which must hold at least one token), timing each step, and
     time every part of that step on the same state n_tokens times. Fused one-token models only."""
     from ..kernels import matmul
-    from ..kernels.ops import embedding_rows
     from ..kernels.prompt_ops import norm_rows
+    from ..kernels.rows import embedding_rows
     from ..layer import output_norm
 
     model = session.model
@@ -215,7 +216,7 @@ def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
             xs = x.copy()
             t = time.perf_counter()
             for li, layer in enumerate(layers):
-                fn(xs, pos, cache.k[li].view(np.uint16), cache.v[li].view(np.uint16), layer._cos[pos],
+                fn(xs, pos, cache_bits(cache.k[li]), cache_bits(cache.v[li]), layer._cos[pos],
                    layer._sin[pos], threads, *layer.args)  # fmt: skip
             times[name] = time.perf_counter() - t
         t = time.perf_counter()
