@@ -1,13 +1,15 @@
-"""Where a decoded token's time goes: decode.layer taken apart into its products, its attention and the rest,
-each a compiled call with decode.layer's own signature, run alone on the same arguments and timed.
+"""Where a decoded token's time goes: the one-token pass of every layer (decode.layer) timed whole, and its
+products and its attention timed alone on the same arguments; the rest of the layer is the difference.
 
-`split_token` times the real one-token pass of a session, then each part on that same state (same weights,
-same position, same cache), so every figure is a measured time per token, not a model of one. The parts of a
-layer are decode.layer's code, with the other parts left out:
+`split_token` times the real one-token pass of a session, then the parts on that same state (same weights,
+same position, same cache), so every figure is a measured time per token, not a model of one:
+- layers: decode.layer itself over every layer (its cache row at the next position is scratch until the next
+  real step writes it);
 - products: the layer's matrix-vector products, launched as decode.layer launches them (products3, product,
   products2, product), on the activations' shapes;
 - attention: attend_one over the cached positions (parallel at depth, as decode.layer runs it);
-- outside: norms, q/k norms, RoPE, the cache write, SwiGLU, biases and residuals.
+- the rest of the layers (norms, q/k norms, RoPE, the cache write, SwiGLU, biases and residuals): layers less
+  products and attention, so the layer's code exists once, in decode.py.
 Outside the layers: the embedding row and the final norm, the output head, and the sampler's argmax. Thread
 wake-ups are measured as the cost of an empty parallel launch times the launches the products make; they are
 a part of the products' time, shown beside it, not added again.
@@ -24,30 +26,17 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ..cache_types import cache_bits
-from .attention import attend_one, float_to_half, swiglu_row
-from .decode import (
-    add_bias,
-    gelu_tanh,
-    head_norms,
-    norm_into,
-    product,
-    products2,
-    products3,
-    rms_norm,
-    rope,
-    round_to_half,
-)
+from .attention import attend_one
+from .decode import product, products2, products3
 
 if TYPE_CHECKING:
     from ..model import Session
 
+REST = "rest of the layers"  # by difference: the layers' whole pass less their products and attention
+
 
 @njit(cache=True, nogil=True)
-def layer_products(x, pos, kc, vc, cos, sin, threads,
-                   attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
-                   wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
-                   n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
-                   eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+def layer_products(x, wq, wk, wv, wo, w_gate, w_up, w_down, n_head, n_kv, head_dim, d_ff, ffn_kind, parallel_min_bytes):
     """decode.layer's products alone, launched as it launches them; x (d,) is read, not changed."""
     d = x.shape[0]
     h = x.copy()
@@ -66,69 +55,11 @@ def layer_products(x, pos, kc, vc, cos, sin, threads,
     product(w_down, up, o, parallel_min_bytes)
 
 
-@njit(cache=True, nogil=True)
-def layer_attention(x, pos, kc, vc, cos, sin, threads,
-                    attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
-                    wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
-                    n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
-                    eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
+def layer_attention(kc, vc, pos, threads, n_head, head_dim, attn_scale, window, softcap):
     """decode.layer's attend_one alone, a query of ones over the cache as it stands (position pos written)."""
     q = np.ones(n_head * head_dim, dtype=np.float32)  # (n_head·hd,)
     a = np.empty(n_head * head_dim, dtype=np.float32)
     attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, threads, a)
-
-
-@njit(cache=True, nogil=True)
-def layer_outside(x, pos, kc, vc, cos, sin, threads,
-                  attn_norm, attn_norm_b, q_norm, k_norm, attn_post_norm, ffn_norm, ffn_norm_b, ffn_post_norm,
-                  wq, bq, wk, bk, wv, bv, wo, bo, w_gate, w_up, b_up, w_down, b_down,
-                  n_head, n_kv, head_dim, rope_dim, neox, d_ff, ffn_kind, layer_norm_kind, window,
-                  eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
-    """decode.layer without its products and attention: x (d,) in place (products' outputs taken as zeros);
-    writes the cache's row for pos, which the real step then overwrites."""
-    hd = head_dim
-    d = x.shape[0]
-    h = np.empty(d, dtype=np.float32)
-    q = np.zeros(n_head * hd, dtype=np.float32)
-    k = np.zeros(n_kv * hd, dtype=np.float32)
-    v = np.zeros(n_kv * hd, dtype=np.float32)
-    norm_into(x, attn_norm, attn_norm_b, layer_norm_kind, eps, h)
-    add_bias(q, bq)
-    add_bias(k, bk)
-    add_bias(v, bv)
-    if q_norm.shape[0]:
-        head_norms(q, n_head, hd, q_norm, eps)
-    if k_norm.shape[0]:
-        head_norms(k, n_kv, hd, k_norm, eps)
-    rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
-    rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
-    round_to_half(q)
-    row = pos % kc.shape[1]
-    for j in range(n_kv):
-        for i in range(hd):
-            kc[j, row, i] = float_to_half(k[j * hd + i])
-            vc[j, row, i] = float_to_half(v[j * hd + i])
-    h[:] = 0.0
-    add_bias(h, bo)
-    if attn_post_norm.shape[0]:
-        rms_norm(h, attn_post_norm, eps, h)
-    for i in range(d):
-        x[i] += h[i]
-    norm_into(x, ffn_norm, ffn_norm_b, layer_norm_kind, eps, h)
-    up = np.zeros(d_ff, dtype=np.float32)
-    add_bias(up, b_up)
-    if ffn_kind == 2:
-        for i in range(d_ff):
-            up[i] = gelu_tanh(up[i])
-    else:
-        gate = np.zeros(d_ff, dtype=np.float32)
-        swiglu_row(gate, up, up)  # GeGLU's table look-up costs the same per element
-    h[:] = 0.0
-    add_bias(h, b_down)
-    if ffn_post_norm.shape[0]:
-        rms_norm(h, ffn_post_norm, eps, h)
-    for i in range(d):
-        x[i] += h[i]
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -149,7 +80,7 @@ class TokenSplit:
     """Seconds per decoded token (medians over the tokens measured) of the whole step and of each part."""
 
     total_s: float  # session.eval of one token plus the argmax: what a decoded token costs
-    parts_s: dict[str, float]  # products, attention, outside the products, output head, embed + final norm, sampling
+    parts_s: dict[str, float]  # products, attention, the layers' rest, output head, embed + final norm, sampling
     launches: int  # parallel launches the products make per token
     launch_s: float  # of which thread wake-ups: launches × one empty launch's cost (inside products_s)
     product_bytes: int  # weight bytes the layers' products and the head read per token
@@ -199,7 +130,7 @@ def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
     threads = get_num_threads()
     logits = session.eval([session.tokens[-1]])
     start = session.n_past
-    names = ("products", "attention", "outside", "output head", "embed + final norm", "sampling (argmax)")
+    names = ("products", "attention", REST, "output head", "embed + final norm", "sampling (argmax)")
     runs: dict[str, list[float]] = {"total": [], **{name: [] for name in names}}
     # Each round: one real step, then every part on the state it left, so that a shared machine's load
     # falls on the whole and its parts alike.
@@ -212,13 +143,24 @@ def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
         ids = np.array([session.tokens[-1]])
         x = np.asarray(embedding_rows(w.token_embd, ids, w.token_rows), np.float32)[0]  # (d,)
         times = {"total": total}
-        for name, fn in (("products", layer_products), ("attention", layer_attention), ("outside", layer_outside)):
-            xs = x.copy()
-            t = time.perf_counter()
-            for li, layer in enumerate(layers):
-                fn(xs, pos, cache_bits(cache.k[li]), cache_bits(cache.v[li]), layer._cos[pos],
-                   layer._sin[pos], threads, *layer.args)  # fmt: skip
-            times[name] = time.perf_counter() - t
+        caches = [(cache_bits(cache.k[li]), cache_bits(cache.v[li])) for li in range(len(layers))]
+        xs = x.copy()
+        t = time.perf_counter()
+        for li, layer in enumerate(layers):
+            layer(xs, pos, cache.k[li], cache.v[li])  # the one-token pass itself (DecodeLayer)
+        whole = time.perf_counter() - t
+        t = time.perf_counter()
+        for layer in layers:
+            a = layer.args
+            layer_products(x, a.wq, a.wk, a.wv, a.wo, a.w_gate, a.w_up, a.w_down, a.n_head, a.n_kv, a.head_dim,
+                           a.d_ff, a.ffn_kind, a.parallel_min_bytes)  # fmt: skip
+        times["products"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for layer, (kc, vc) in zip(layers, caches, strict=True):
+            a = layer.args
+            layer_attention(kc, vc, pos, threads, a.n_head, a.head_dim, a.attn_scale, a.window, a.softcap)
+        times["attention"] = time.perf_counter() - t
+        times[REST] = whole - times["products"] - times["attention"]
         t = time.perf_counter()
         matmul(w.output, x[None])  # (1, n_vocab)
         times["output head"] = time.perf_counter() - t
