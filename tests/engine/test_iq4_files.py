@@ -26,6 +26,7 @@ from engine import load_model
 
 from ..app.llama_cpp_server import VERSION, ensure_server_python
 from .test_golden import (
+    FLOAT64_FIRST_POSITION,
     GREEDY_STEPS,
     LONG_MAX_DLOGP,
     LONG_MAX_MEAN_DLOGP,
@@ -149,7 +150,10 @@ def test_the_files_hold_the_types(iq4) -> None:
 # 0.051 and 0.060, max 0.65 and 0.76. These 4-bit files of a 135M model move with activation rounding more than
 # the goldens' files: our own int8 path against our float products differs by 0.049 mean on the first text, and
 # llama.cpp rounds IQ4_XS's activations per 256 values (Q8_K) where the engine rounds per 32. Bounds ~20% over.
-# The 1.5B's files are held to the golden bounds of the real models' longer texts (test_golden's LONG_*).
+# The 1.5B's files are held to the golden bounds of the real models' longer texts (test_golden's LONG_*), from
+# position 1 as there (FLOAT64_FIRST_POSITION: llama.cpp's int8 activations go wrong at its first token; here
+# 6.3 nats off at position 0 of the IQ4_XS file). Measured (same Xeon, 525 positions): IQ4_NL agreement 0.983,
+# mean 0.021, max 0.137, one greedy divergence in 72 steps (by 0.033); IQ4_XS 0.966, 0.024, 0.152, none.
 MEAN_DLOGP_BOUND = {"smollm2": 0.072, "qwen15": LONG_MAX_MEAN_DLOGP}
 MAX_DLOGP_BOUND = {"smollm2": 0.92, "qwen15": LONG_MAX_DLOGP}
 
@@ -165,7 +169,8 @@ def test_teacher_forced_logits_match_llama_cpp(iq4) -> None:
         ours_top1 = logp.argmax(axis=-1)
         assert all(ours_top1[i] in ref_top5[i] for i in range(len(ids))), "a top-1 outside llama.cpp's top-5"
         agree.append(ours_top1 == ref_top5[:, 0])
-        deltas.append(np.abs(logp[np.arange(len(ids)), ref_top5[:, 0]] - np.array(item["top5_logprobs"])[:, 0]))
+        delta = np.abs(logp[np.arange(len(ids)), ref_top5[:, 0]] - np.array(item["top5_logprobs"])[:, 0])  # (n,)
+        deltas.append(delta[1:] if name in FLOAT64_FIRST_POSITION else delta)  # as test_golden: llama.cpp's is off
     agreement, delta = float(np.concatenate(agree).mean()), np.concatenate(deltas)  # (553,)
     assert agreement >= LONG_MIN_AGREEMENT, agreement
     assert delta.mean() <= MEAN_DLOGP_BOUND[name], delta.mean()
