@@ -5,14 +5,13 @@ q8_0 cache computes is tested in tests/engine/test_cache_types.py."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from chatapp import cli
 from chatapp.settings import ConfigError, load_settings
-from engine import SettingsError
-from engine import loader as engine_loader
+
+from .test_device_flags import load_model_kwargs
 
 COMMANDS = [["run", "-p", "hi"], ["bench"], ["serve"], []]
 COMMAND_IDS = ["run", "bench", "serve", "tui"]
@@ -50,18 +49,9 @@ def test_config_keys(isolated_dirs, tmp_path: Path) -> None:
 def test_flags_and_config_reach_load_model(
     isolated_dirs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, command
 ) -> None:
-    seen: dict[str, Any] = {}
-
-    def fake_load_model(path, **kwargs):
-        seen.update(kwargs)
-        raise SettingsError("stop here")
-
-    monkeypatch.setattr(engine_loader, "load_model", fake_load_model)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    assert cli.main([*command, "-m", str(model), "-ctk", "q8_0", "--cache-type-v", "Q8_0"]) == 2
+    seen = load_model_kwargs(monkeypatch, tmp_path, [*command, "-ctk", "q8_0", "--cache-type-v", "Q8_0"])
     assert (seen["cache_type_k"], seen["cache_type_v"]) == ("q8_0", "Q8_0")  # load_model reads either case
     (isolated_dirs["config"] / "config.toml").write_text('cache_type_v = "q8_0"\n', encoding="utf-8")
-    assert cli.main([*command, "-m", str(model)]) == 2
+    seen = load_model_kwargs(monkeypatch, tmp_path, command)
     assert (seen["cache_type_k"], seen["cache_type_v"]) == ("f16", "q8_0")
     assert capsys.readouterr().err.splitlines() == ["chatapp: error: stop here"] * 2

@@ -99,10 +99,8 @@ def test_settings_defaults_alias_and_config(isolated_dirs, tmp_path: Path) -> No
         load_settings(config_file=config)
 
 
-@pytest.mark.parametrize("command", [["run", "-p", "hi"], ["bench"]])
-def test_flags_and_config_reach_load_model(
-    isolated_dirs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, command
-) -> None:
+def load_model_kwargs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str]) -> dict[str, Any]:
+    """What `chatapp ARGV -m FILE` hands load_model, which stops the command there: exit code 2, "stop here"."""
     seen: dict[str, Any] = {}
 
     def fake_load_model(path, **kwargs):
@@ -112,10 +110,18 @@ def test_flags_and_config_reach_load_model(
     monkeypatch.setattr(engine_loader, "load_model", fake_load_model)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    assert cli.main([*command, "-m", str(model), "--device", "cuda", "--gpu-layers", "7"]) == 2
+    assert cli.main([*argv, "-m", str(model)]) == 2
+    return seen
+
+
+@pytest.mark.parametrize("command", [["run", "-p", "hi"], ["bench"]])
+def test_flags_and_config_reach_load_model(
+    isolated_dirs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, command
+) -> None:
+    seen = load_model_kwargs(monkeypatch, tmp_path, [*command, "--device", "cuda", "--gpu-layers", "7"])
     assert (seen["device"], seen["gpu_layers"]) == ("cuda", 7)
     (isolated_dirs["config"] / "config.toml").write_text('device = "gpu"\ngpu_layers = 3\n', encoding="utf-8")
-    assert cli.main([*command, "-m", str(model)]) == 2
+    seen = load_model_kwargs(monkeypatch, tmp_path, command)
     assert (seen["device"], seen["gpu_layers"]) == ("cuda", 3)
     assert capsys.readouterr().err.splitlines() == ["chatapp: error: stop here"] * 2
 
