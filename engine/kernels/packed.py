@@ -333,38 +333,67 @@ _repack = by_format({f.code: f.packing.repack or _copied_only for f in QUANTIZED
 _unpack = by_format({f.code: f.packing.unpack or _copied_back for f in QUANTIZED.values()}, "q, s, g, b, r, out, o")
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def pack(raw, fmt, block_bytes, copies, halves, q, s):
     """raw uint8 (d, row_bytes), the file's rows of the format tagged fmt -> q, s (zero-initialised by the caller,
     in `layout(code)`).
 
-    Every copied field starts at an even offset of an even-sized block, so q's byte pairs are the file's
-    16-bit words: the copy moves 16-bit words, read in file order, rows becoming innermost (W/2 words of a
-    row side by side). The format's `repack` then fills in the fields that are not plain copies.
+    The copies move whole words, read in file order, rows becoming innermost (W bytes of a row side by side):
+    4-byte words where W, the block size and every copied field allow (Q4_K on VNNI layouts: each word one
+    store, a Q4_K expert of 885 KB packed in 0.46 ms where 16-bit words a division apart took 1.1), else 16-bit
+    words (every copied field starts at an even offset of an even-sized block). A format of odd-sized blocks
+    (MXFP4: 17 bytes) copies nothing. The format's `repack` then fills in the fields that are not plain copies.
     """
+    unit = _word_bytes(raw.shape[1], block_bytes, copies, q.shape[5])
+    words = {4: np.uint32, 2: np.uint16}.get(unit)
+    raw_words = raw.view(words) if words else np.zeros((raw.shape[0], 0), dtype=np.uint16)
+    unit = unit or 2
+    q_words = q.view(words or np.uint16).reshape(-1)
+    _pack_groups(raw, raw_words, fmt, block_bytes, unit, copies // unit, halves, q, q_words, s)
+
+
+def _word_bytes(row_bytes: int, block_bytes: int, copies: np.ndarray, width: int) -> int:
+    """The widest word (4 or 2 bytes; 0 where there is no copy) that every copy moves whole."""
+    if not len(copies):
+        return 0
+    for unit in (4, 2):
+        if width % unit == 0 and block_bytes % unit == 0 and row_bytes % unit == 0 and not (copies % unit).any():
+            return unit
+    raise ValueError(f"copies {copies.tolist()} of {block_bytes}-byte blocks are not in 16-bit words")
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pack_groups(raw, raw_words, fmt, block_bytes, unit, copies, halves, q, q_words, s):
+    """`pack` with raw's rows and q as words of `unit` bytes: raw_words (d, row_bytes / unit), q_words flat,
+    copies in words."""
     d = raw.shape[0]
     nb = q.shape[1]
-    lanes, hw = q.shape[4], q.shape[5] // 2  # rows per chunk, 16-bit words of a row side by side
-    words = q.shape[3] * hw  # 16-bit words per block row
-    w = block_bytes // 2
-    q16 = q.view(np.uint16).reshape(-1)
+    lanes = q.shape[4]
+    hw = q.shape[5] // unit  # words of a row side by side
+    block_words = block_bytes // unit
+    words = q.shape[3] * hw  # words per block row of one row
     for g in prange(q.shape[0]):
         for r in range(min(ROWS, d - g * ROWS)):
             row = raw[g * ROWS + r]
-            # as 16-bit words; a format of odd-sized blocks (MXFP4: 17 bytes) copies nothing and its repack moves
-            # every field, so a row of an odd number of bytes loses only a last byte no copy reads
-            src_row = row[: row.shape[0] & ~1].view(np.uint16)
+            src_row = raw_words[g * ROWS + r]
             c, lane = r // lanes, r % lanes
             for b in range(nb):
                 base = ((g * nb + b) * (ROWS // lanes) + c) * words * lanes + lane * hw
                 for cp in range(copies.shape[0]):
-                    src = b * w + copies[cp, 0] // 2
-                    k0 = copies[cp, 1] // 2
-                    for k in range(copies[cp, 2] // 2):
-                        kk = k0 + k
-                        q16[base + (kk // hw) * lanes * hw + kk % hw] = src_row[src + k]
+                    src = b * block_words + copies[cp, 0]
+                    # word kk goes to base + (kk // hw)·lanes·hw + kk % hw, kept as a running position: a
+                    # division a word cost more than the copy
+                    m = copies[cp, 1] % hw
+                    dst = base + (copies[cp, 1] // hw) * lanes * hw + m
+                    for k in range(copies[cp, 2]):
+                        q_words[dst] = src_row[src + k]
+                        m += 1
+                        dst += 1
+                        if m == hw:
+                            m = 0
+                            dst += (lanes - 1) * hw
                 for h in range(halves.shape[0]):
-                    s[g, b, h, r] = src_row[b * w + halves[h] // 2]
+                    at = b * block_bytes + halves[h]
+                    s[g, b, h, r] = np.uint16(row[at]) | (np.uint16(row[at + 1]) << np.uint16(8))
                 _repack(fmt, row, b * block_bytes, q, s, g, b, r)
 
 
