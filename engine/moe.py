@@ -11,8 +11,16 @@ token's FFN output is their weighted sum (llama.cpp's `build_moe_ffn` with softm
 
 The experts live in three 3-D tensors of the file (n_expert stacked matrices each), left mapped. An expert is a
 `WeightMatrix` view of its rows, made the first time a token chooses it; only then is it repacked (and its
-file pages released), so memory holds the experts the text used, not all of them. A pass of several tokens
-groups them by expert: each chosen expert's weights are read once per pass, by one product over its tokens.
+file pages released), so memory holds the experts the text used, not all of them. The packed experts of a
+tensor lie in one array (its arena, in small pages that the kernel hands out as they are first written), so
+that one compiled launch reaches every chosen expert (kernels/experts.py).
+
+A pass of several tokens groups them by expert: each chosen expert's weights are read once per pass, for all the
+tokens that chose it. Where the experts are of packed types, the pass's tokens are sorted by expert once and
+the gate, up and down products of all the chosen experts run as three launches (Qwen3-30B-A3B's shape, 256
+tokens: 49 experts a layer chosen, each once per pass; three products a chosen expert, one by one, left a
+third of the prompt's time to Python and to launches); otherwise (float experts, float products) one expert
+at a time.
 
 `RouterFfn` is a variant of a layer's FFN (engine/layer.py): its `apply` names the backend's op, `router_ffn`
 here for the CPU's prompt pass (PromptOps), which single tokens take too (the fused one-token kernel declines
@@ -22,6 +30,7 @@ with `by_expert`.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,8 +39,20 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .config import ModelConfig
+from .formats.dispatch import tag
 from .gguf_file import GGUFFile, TensorEntry
-from .kernels import WeightMatrix, matmul, matvec_many, swiglu
+from .kernels import (
+    BLOCK_CODES,
+    PACKED_TYPES,
+    WeightMatrix,
+    experts,
+    float_products_active,
+    matmul,
+    matvec_many,
+    packed,
+    pages,
+    swiglu,
+)
 
 _view_lock = threading.Lock()
 
@@ -48,6 +69,7 @@ class ExpertTensor:
     cols: int  # input features
     data: np.ndarray  # (n_expert·rows, row_bytes) uint8, or (n_expert·rows, cols) for float types; a file view
     _views: dict[int, WeightMatrix] = field(default_factory=dict, init=False, repr=False)
+    _arena: list[np.ndarray] = field(default_factory=list, init=False, repr=False)  # [q_all, s_all] once packing
 
     @classmethod
     def of(cls, t: TensorEntry) -> ExpertTensor:
@@ -67,8 +89,29 @@ class ExpertTensor:
                 w = self._views.get(e)
                 if w is None:
                     rows = self.data[e * self.rows : (e + 1) * self.rows]
-                    w = self._views[e] = WeightMatrix(f"{self.name}[{e}]", self.ggml_type, self.rows, self.cols, rows)
+                    storage = functools.partial(self._storage, e)
+                    w = WeightMatrix(f"{self.name}[{e}]", self.ggml_type, self.rows, self.cols, rows, storage)
+                    self._views[e] = w
         return w
+
+    def _storage(self, e: int, q_shape: tuple[int, ...], s_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """Expert e's packed arrays: its place in the arena, made when the first expert is packed. Small pages:
+        huge ones would make a chosen expert's neighbours resident too, and cost more to fault in here (Intel
+        Xeon, KVM: 0.62-0.66 ms to pack an 885 KB Q4_K expert into 2 MB pages, 0.42-0.46 into 4 KB ones)."""
+        with _view_lock:
+            if not self._arena:
+                self._arena.append(pages.small_page_zeros((self.n_expert, *q_shape), np.uint8))
+                self._arena.append(pages.small_page_zeros((self.n_expert, *s_shape), np.uint16))
+        q_all, s_all = self._arena
+        return q_all[e], s_all[e]
+
+    def packed_arena(self, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(q_all, s_all) with the experts `chosen` packed in it; None where this tensor's type is not packed."""
+        if self.ggml_type not in PACKED_TYPES:
+            return None
+        for e in chosen.tolist():
+            self.expert(e).prepare()
+        return self._arena[0], self._arena[1]
 
     def touched(self) -> list[int]:
         """The experts some product has read so far."""
@@ -167,6 +210,15 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
         out = np.zeros((t, ffn.down.rows), dtype=np.float32)
     else:
         out[...] = 0.0
+    if t == 1 or float_products_active() or not _packed_experts(h, ffn, ids, weights, out):
+        _expert_by_expert(h, ffn, ids, weights, out)
+    _shared_expert(h, ffn, out)
+    return out
+
+
+def _expert_by_expert(h: np.ndarray, ffn: RouterFfn, ids: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """The experts' share of `router_ffn`, one chosen expert at a time: out (t, d) += each token's weighted sum
+    of its experts' outputs."""
     for e, tokens, slots in by_expert(ids):
         xe = h[tokens]  # (n_e, d)
         if len(tokens) == 1:  # decode: gate and up in one parallel launch, as the dense FFN's
@@ -176,6 +228,46 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
             u = matmul(ffn.up.expert(e), xe, rowwise=True)  # (n_e, d_ff_exp)
         y = matmul(ffn.down.expert(e), swiglu(g, u, out=g), rowwise=True)  # (n_e, d)
         out[tokens] += weights.ravel()[slots, None] * y
+
+
+def _packed_experts(h: np.ndarray, ffn: RouterFfn, ids: np.ndarray, weights: np.ndarray, out: np.ndarray) -> bool:
+    """The experts' share of `router_ffn` for a pass of packed experts, in three launches (kernels/experts.py):
+    out (t, d) = each token's weighted sum of its experts' outputs. False (nothing done) where some expert
+    tensor is not of a packed type."""
+    t, k = ids.shape
+    order = np.argsort(ids.ravel(), kind="stable")  # (t·k,) slots grouped by expert, as by_expert groups them
+    chosen, starts = np.unique(ids.ravel()[order], return_index=True)
+    arenas = [tensor.packed_arena(chosen) for tensor in (ffn.gate, ffn.up, ffn.down)]
+    if any(a is None for a in arenas):
+        return False
+    (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = arenas  # type: ignore[misc]
+    starts = np.append(starts, len(order)).astype(np.int64)  # (m + 1,) segment i: slots starts[i]..starts[i+1]
+    chosen = chosen.astype(np.int64)
+    tags = [tag(BLOCK_CODES[t.ggml_type]) for t in (ffn.gate, ffn.up, ffn.down)]
+    n_slots = len(order)
+    paired = [bool(packed.PAIRED[tensor.ggml_type]) for tensor in (ffn.gate, ffn.up, ffn.down)]
+    # gate and up: the tokens' rows, in slot order
+    x = experts.slot_buffers(n_slots, h.shape[1], paired[0] or paired[1])
+    experts.quantize_slots(h, order // k, paired[0] or paired[1], *x)
+    g = np.empty((n_slots, ffn.gate.rows), dtype=np.float32)  # (t·k, d_ff_exp)
+    u = np.empty((n_slots, ffn.up.rows), dtype=np.float32)
+    experts.experts_matmul(gate_q, gate_s, tags[0], chosen, starts, x[0], x[3], x[1], x[2], g)
+    experts.experts_matmul(up_q, up_s, tags[1], chosen, starts, x[0], x[3], x[1], x[2], u)
+    act = swiglu(g, u, out=g)  # (t·k, d_ff_exp)
+    a = experts.slot_buffers(n_slots, act.shape[1], paired[2])
+    experts.quantize_slots(act, np.arange(n_slots), paired[2], *a)
+    y = np.empty((n_slots, ffn.down.rows), dtype=np.float32)  # (t·k, d)
+    experts.experts_matmul(down_q, down_s, tags[2], chosen, starts, a[0], a[3], a[1], a[2], y)
+    position = np.empty(n_slots, dtype=np.int64)
+    position[order] = np.arange(n_slots)
+    slots = np.sort(position.reshape(t, k), axis=1)  # (t, k) each token's slots, ascending expert
+    token_weights = np.take_along_axis(weights, np.argsort(position.reshape(t, k), axis=1), axis=1)
+    experts.weighted_sum(y, slots, np.ascontiguousarray(token_weights), out)
+    return True
+
+
+def _shared_expert(h: np.ndarray, ffn: RouterFfn, out: np.ndarray) -> None:
+    """out += the shared expert's output, gated where the family gates it."""
     if ffn.shared is not None:
         gate, up, down, gate_inp = ffn.shared
         g = matmul(gate, h, rowwise=True)  # (t, d_ff_shexp)
@@ -186,4 +278,3 @@ def router_ffn(h: np.ndarray, ffn: RouterFfn, out: np.ndarray | None = None) -> 
         else:
             s = matmul(gate_inp, h, rowwise=True)  # (t, 1)
             out += y / (1.0 + np.exp(-s))  # sigmoid-gated, as llama.cpp's silu(s) / s
-    return out

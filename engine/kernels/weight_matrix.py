@@ -5,6 +5,7 @@ block kernels (`PackedWeight`, packed.py), built on the first product; with the 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,14 @@ _PACK_SLICE_BYTES = 8 << 20
 
 _pack_lock = threading.Lock()
 
+# storage(q shape, s shape) -> zero-filled q uint8 and s uint16 of those shapes, for a packed copy to be built in
+Storage = Callable[[tuple[int, ...], tuple[int, ...]], tuple[np.ndarray, np.ndarray]]
+
+
+def new_storage(q_shape: tuple[int, ...], s_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A packed copy's own arrays."""
+    return np.zeros(q_shape, dtype=np.uint8), np.zeros(s_shape, dtype=np.uint16)
+
 
 @dataclass(frozen=True)
 class PackedWeight:
@@ -41,20 +50,24 @@ class PackedWeight:
     halves: np.ndarray  # (NS,) raw offsets of the 16-bit fields (half-float scales; Q5_0's qh)
 
     @classmethod
-    def pack(cls, code: int, rows: int, cols: int, raw: np.ndarray, release: bool = False) -> PackedWeight:
+    def pack(
+        cls, code: int, rows: int, cols: int, raw: np.ndarray, release: bool = False, storage: Storage = new_storage
+    ) -> PackedWeight:
         """raw: uint8 (rows, row_bytes) in the file's block layout.
 
         With `release`, the file pages under raw are given back as each slice of rows is packed, so that a big
-        matrix never has both copies resident.
+        matrix never has both copies resident. `storage` gives the arrays to pack into.
         """
         qb, copies, halves = packed.layout_tables(code)
         fmt = FORMATS[T(code)]
         block, block_bytes = fmt.block, fmt.block_bytes
         n_groups = -(-rows // packed.ROWS)
         lanes, width = packed.layout(code)  # this CPU's kernels' layout
-        q = np.zeros((n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width), dtype=np.uint8)
         assert fmt.packing is not None  # every type in PACKED_TYPES has one
-        s = np.zeros((n_groups, cols // block, fmt.packing.s_fields, packed.ROWS), dtype=np.uint16)
+        q, s = storage(
+            (n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width),
+            (n_groups, cols // block, fmt.packing.s_fields, packed.ROWS),
+        )
         raw = np.ascontiguousarray(raw)
         step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice
         for g0 in range(0, n_groups, step):
@@ -93,6 +106,7 @@ class WeightMatrix:
     rows: int  # output features
     cols: int  # input features
     data: np.ndarray
+    storage: Storage = field(default=new_storage, repr=False, compare=False)  # where prepare() packs W
     _packed: list[PackedWeight] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
@@ -144,7 +158,8 @@ class WeightMatrix:
             with _pack_lock:
                 if not self._packed:
                     code = BLOCK_CODES[self.ggml_type]
-                    self._packed.append(PackedWeight.pack(code, self.rows, self.cols, self.data, release=True))
+                    packed_w = PackedWeight.pack(code, self.rows, self.cols, self.data, True, self.storage)
+                    self._packed.append(packed_w)
         return self
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+import engine.kernels.experts
 import engine.moe
 from engine import load_model
 from engine.config import ModelConfig
@@ -141,9 +142,18 @@ def test_a_token_reads_only_its_chosen_experts(tiny) -> None:
             assert (tensor.expert(e).packed is not None) == (e in ids[0])
 
 
+def _chosen(m: TinyModel, h: np.ndarray) -> tuple[list[int], list[int]]:
+    """The experts 16 tokens h choose in layer 0 (by the float64 router), and how many tokens chose each."""
+    ids, _ = route(h.astype(np.float64) @ m.w["blk.0.ffn_gate_inp.weight"].T, 2, True)
+    chosen, counts = np.unique(ids, return_counts=True)
+    assert len(chosen) > 2  # the batch spreads over several experts
+    return chosen.tolist(), counts.tolist()
+
+
 def test_prefill_reads_each_chosen_expert_once(tiny, monkeypatch) -> None:
-    """16 tokens choose 2 experts each: each expert chosen is one product per matrix, over all its tokens."""
-    m = tiny[T.Q8_0]
+    """Float experts, 16 tokens choosing 2 experts each: each expert chosen is one product per matrix, over all
+    its tokens."""
+    m = tiny[T.F32]
     ffn = _fresh_ffn(m)
     calls: list[tuple[str, int]] = []
     real, real_many = engine.moe.matmul, engine.moe.matvec_many
@@ -160,14 +170,48 @@ def test_prefill_reads_each_chosen_expert_once(tiny, monkeypatch) -> None:
     monkeypatch.setattr(engine.moe, "matvec_many", counting_many)
     h = np.random.default_rng(3).standard_normal((16, m.d)).astype(np.float32)
     out = router_ffn(h, ffn)
-    ids, _ = route(h.astype(np.float64) @ m.w["blk.0.ffn_gate_inp.weight"].T, 2, True)
-    chosen, counts = np.unique(ids, return_counts=True)
-    assert len(chosen) > 2  # the batch spreads over several experts
     expect = [("blk.0.ffn_gate_inp.weight", 16)]
-    for e, n in zip(chosen.tolist(), counts.tolist(), strict=True):
+    for e, n in zip(*_chosen(m, h), strict=True):
         expect += [(f"blk.0.ffn_{k}_exps.weight[{e}]", n) for k in ("gate", "up", "down")]
     assert sorted(calls) == sorted(expect)
+    np.testing.assert_allclose(out, _transcription(m, h, 0), atol=1e-4 * np.abs(out).max())
+
+
+def test_prefill_of_packed_experts_is_three_launches(tiny, monkeypatch) -> None:
+    """Packed experts: the gate, up and down products of every chosen expert are one launch each, each expert's
+    weights read once for all its tokens; no product one expert at a time."""
+    m = tiny[T.Q8_0]
+    ffn = _fresh_ffn(m)
+    launches: list[tuple[list[int], list[int]]] = []
+    real = engine.kernels.experts.experts_matmul
+
+    def counting(q_all, s_all, fmt, experts, starts, *rest):
+        launches.append((experts.tolist(), np.diff(starts).tolist()))
+        return real(q_all, s_all, fmt, experts, starts, *rest)
+
+    monkeypatch.setattr(engine.kernels.experts, "experts_matmul", counting)
+    monkeypatch.setattr(engine.moe, "matvec_many", None)  # never called
+    h = np.random.default_rng(3).standard_normal((16, m.d)).astype(np.float32)
+    out = router_ffn(h, ffn)
+    assert launches == [_chosen(m, h)] * 3
+    assert ffn.touched() == _chosen(m, h)[0]
     np.testing.assert_allclose(out, _transcription(m, h, 0), atol=Q8_BOUND * np.abs(out).max())
+
+
+@pytest.mark.parametrize("t", [2, 5, 16, 37])
+def test_packed_launches_give_each_token_its_own_numbers(tiny, t) -> None:
+    """The grouped launches and the expert-by-expert products agree bit for bit, and each token's row is the one
+    it gets alone (one-token path): the numbers never depend on which path or which other tokens."""
+    m = tiny[T.Q8_0]
+    ffn = _fresh_ffn(m)
+    h = np.random.default_rng(t).standard_normal((t, m.d)).astype(np.float32)
+    grouped = router_ffn(h, ffn)
+    ids, weights = route(engine.moe.matmul(ffn.router, h, rowwise=True), ffn.n_used, ffn.norm_weights)
+    one_by_one = np.zeros_like(grouped)
+    engine.moe._expert_by_expert(h, ffn, ids, weights, one_by_one)
+    np.testing.assert_array_equal(grouped, one_by_one)
+    alone = np.concatenate([router_ffn(h[i : i + 1], ffn) for i in range(t)])
+    np.testing.assert_array_equal(grouped, alone)
 
 
 def test_an_expert_is_a_view_of_the_mapped_file(tiny) -> None:
@@ -230,3 +274,19 @@ def test_memory_holds_only_the_chosen_experts(tmp_path) -> None:
         # measured; reading every expert maps them all.
         present = _present_pages(tensor.data)
         assert present < tensor.data.nbytes // 4096 // 4, f"{tensor.name}: {present} pages mapped"
+
+
+def test_weighted_sum_adds_in_expert_order() -> None:
+    """Eight experts a token: the sum is added from zero in ascending slot (expert) order, as the expert-by-expert
+    path adds one expert at a time, so that both give the same float32 bits."""
+    rng = np.random.default_rng(0)
+    t, k, d = 5, 8, 33
+    y = (rng.standard_normal((t * k, d)) * 10.0 ** rng.integers(-3, 4, (t * k, 1))).astype(np.float32)
+    slots = np.sort(rng.permutation(t * k).reshape(t, k), axis=1)
+    weights = rng.random((t, k)).astype(np.float32)
+    expect = np.zeros((t, d), dtype=np.float32)
+    for j in range(k):
+        expect += weights[:, j, None] * y[slots[:, j]]
+    out = np.empty((t, d), dtype=np.float32)
+    engine.kernels.experts.weighted_sum(y, slots, weights, out)
+    np.testing.assert_array_equal(out, expect)
