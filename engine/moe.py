@@ -44,6 +44,7 @@ from .gguf_file import GGUFFile, TensorEntry
 from .kernels import (
     BLOCK_CODES,
     PACKED_TYPES,
+    PackedWeight,
     WeightMatrix,
     experts,
     float_products_active,
@@ -51,6 +52,7 @@ from .kernels import (
     matvec_many,
     packed,
     pages,
+    prepare_stacked,
     swiglu,
 )
 
@@ -106,12 +108,15 @@ class ExpertTensor:
         return q_all[e], s_all[e]
 
     def packed_arena(self, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        """(q_all, s_all) with the experts `chosen` packed in it; None where this tensor's type is not packed."""
+        """(q_all, s_all) with the experts `chosen` packed in it, those not yet packed in one launch; None where
+        this tensor's type is not packed."""
         if self.ggml_type not in PACKED_TYPES:
             return None
-        for e in chosen.tolist():
-            self.expert(e).prepare()
-        return self._arena[0], self._arena[1]
+        if not self._arena:
+            self._storage(0, *PackedWeight.shapes(BLOCK_CODES[self.ggml_type], self.rows, self.cols))
+        q_all, s_all = self._arena
+        prepare_stacked([self.expert(e) for e in chosen.tolist()], self.data, q_all, s_all, chosen)
+        return q_all, s_all
 
     def touched(self) -> list[int]:
         """The experts some product has read so far."""

@@ -343,12 +343,19 @@ def pack(raw, fmt, block_bytes, copies, halves, q, s):
     words (every copied field starts at an even offset of an even-sized block). A format of odd-sized blocks
     (MXFP4: 17 bytes) copies nothing. The format's `repack` then fills in the fields that are not plain copies.
     """
-    unit = _word_bytes(raw.shape[1], block_bytes, copies, q.shape[5])
+    pack_many(raw, fmt, block_bytes, copies, halves, q[None], s[None], np.zeros(1, dtype=np.int64))
+
+
+def pack_many(raw, fmt, block_bytes, copies, halves, q_all, s_all, which):
+    """`pack` of several matrices of d rows stacked in raw (n·d, row_bytes) (a tensor of experts) into q_all
+    (n, G, ...), s_all (n, G, ...), matrices `which` only, in one parallel launch."""
+    unit = _word_bytes(raw.shape[1], block_bytes, copies, q_all.shape[6])
     words = {4: np.uint32, 2: np.uint16}.get(unit)
     raw_words = raw.view(words) if words else np.zeros((raw.shape[0], 0), dtype=np.uint16)
     unit = unit or 2
-    q_words = q.view(words or np.uint16).reshape(-1)
-    _pack_groups(raw, raw_words, fmt, block_bytes, unit, copies // unit, halves, q, q_words, s)
+    q_words = q_all.view(words or np.uint16).reshape(q_all.shape[0], -1)
+    d = raw.shape[0] // q_all.shape[0]
+    _pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies // unit, halves, q_all, q_words, s_all, which)
 
 
 def _word_bytes(row_bytes: int, block_bytes: int, copies: np.ndarray, width: int) -> int:
@@ -362,19 +369,20 @@ def _word_bytes(row_bytes: int, block_bytes: int, copies: np.ndarray, width: int
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pack_groups(raw, raw_words, fmt, block_bytes, unit, copies, halves, q, q_words, s):
-    """`pack` with raw's rows and q as words of `unit` bytes: raw_words (d, row_bytes / unit), q_words flat,
-    copies in words."""
-    d = raw.shape[0]
-    nb = q.shape[1]
-    lanes = q.shape[4]
-    hw = q.shape[5] // unit  # words of a row side by side
+def _pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies, halves, q_all, q_words, s_all, which):
+    """`pack_many` with raw's rows and q as words of `unit` bytes: raw_words (n·d, row_bytes / unit), q_words
+    (n, words of a matrix), copies in words. A parallel item is one row group of one matrix."""
+    n_groups, nb = q_all.shape[1], q_all.shape[2]
+    lanes = q_all.shape[5]
+    hw = q_all.shape[6] // unit  # words of a row side by side
     block_words = block_bytes // unit
-    words = q.shape[3] * hw  # words per block row of one row
-    for g in prange(q.shape[0]):
+    words = q_all.shape[4] * hw  # words per block row of one row
+    for item in prange(which.shape[0] * n_groups):
+        e, g = which[item // n_groups], item % n_groups
+        q, s, qw = q_all[e], s_all[e], q_words[e]
         for r in range(min(ROWS, d - g * ROWS)):
-            row = raw[g * ROWS + r]
-            src_row = raw_words[g * ROWS + r]
+            row = raw[e * d + g * ROWS + r]
+            src_row = raw_words[e * d + g * ROWS + r]
             c, lane = r // lanes, r % lanes
             for b in range(nb):
                 base = ((g * nb + b) * (ROWS // lanes) + c) * words * lanes + lane * hw
@@ -385,7 +393,7 @@ def _pack_groups(raw, raw_words, fmt, block_bytes, unit, copies, halves, q, q_wo
                     m = copies[cp, 1] % hw
                     dst = base + (copies[cp, 1] // hw) * lanes * hw + m
                     for k in range(copies[cp, 2]):
-                        q_words[dst] = src_row[src + k]
+                        qw[dst] = src_row[src + k]
                         m += 1
                         dst += 1
                         if m == hw:

@@ -5,7 +5,7 @@ block kernels (`PackedWeight`, packed.py), built on the first product; with the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,16 +58,10 @@ class PackedWeight:
         With `release`, the file pages under raw are given back as each slice of rows is packed, so that a big
         matrix never has both copies resident. `storage` gives the arrays to pack into.
         """
-        qb, copies, halves = packed.layout_tables(code)
-        fmt = FORMATS[T(code)]
-        block, block_bytes = fmt.block, fmt.block_bytes
+        _, copies, halves = packed.layout_tables(code)
+        block_bytes = FORMATS[T(code)].block_bytes
         n_groups = -(-rows // packed.ROWS)
-        lanes, width = packed.layout(code)  # this CPU's kernels' layout
-        assert fmt.packing is not None  # every type in PACKED_TYPES has one
-        q, s = storage(
-            (n_groups, cols // block, packed.ROWS // lanes, qb // width, lanes, width),
-            (n_groups, cols // block, fmt.packing.s_fields, packed.ROWS),
-        )
+        q, s = storage(*cls.shapes(code, rows, cols))
         raw = np.ascontiguousarray(raw)
         step = max(1, _PACK_SLICE_BYTES // (raw.shape[1] * packed.ROWS))  # groups per slice
         for g0 in range(0, n_groups, step):
@@ -77,6 +71,17 @@ class PackedWeight:
             if release:
                 pages.release(part)
         return cls(code, q, s, block_bytes, copies, halves)
+
+    @staticmethod
+    def shapes(code: int, rows: int, cols: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of q and s for a W (rows, cols) of format `code`, in this CPU's kernels' layout."""
+        qb = packed.LAYOUT[code][0]
+        fmt = FORMATS[T(code)]
+        assert fmt.packing is not None  # every type in PACKED_TYPES has one
+        n_groups, nb = -(-rows // packed.ROWS), cols // fmt.block
+        lanes, width = packed.layout(code)
+        return (n_groups, nb, packed.ROWS // lanes, qb // width, lanes, width), (
+            n_groups, nb, fmt.packing.s_fields, packed.ROWS)  # fmt: skip
 
     @property
     def fmt(self) -> np.ndarray:
@@ -161,6 +166,29 @@ class WeightMatrix:
                     packed_w = PackedWeight.pack(code, self.rows, self.cols, self.data, True, self.storage)
                     self._packed.append(packed_w)
         return self
+
+
+def prepare_stacked(ws: Sequence[WeightMatrix], raw: np.ndarray, q_all: np.ndarray, s_all: np.ndarray,
+                    which: np.ndarray) -> None:  # fmt: skip
+    """`prepare()` of several matrices of one shape and packed type that lie stacked in raw (n·rows, row_bytes),
+    ws[i] at rows which[i]·rows, packed into q_all[which[i]] and s_all[which[i]] (n, ...), zero-filled where
+    not yet packed, in one parallel launch (a mixture-of-experts pass's newly chosen experts: one launch a
+    matrix left much of their packing to Python and to launches). Each W's file pages are released after."""
+    pending = [(w, e) for w, e in zip(ws, np.asarray(which).tolist(), strict=True) if w.packed is None]
+    if not pending:
+        return
+    code = BLOCK_CODES[pending[0][0].ggml_type]
+    _, copies, halves = packed.layout_tables(code)
+    block_bytes = FORMATS[T(code)].block_bytes
+    with _pack_lock:
+        pending = [(w, e) for w, e in pending if not w._packed]  # another thread may have packed some
+        if not pending:
+            return
+        rows = np.array([e for _, e in pending], dtype=np.int64)
+        packed.pack_many(raw, tag(code), block_bytes, copies, halves, q_all, s_all, rows)
+        for w, e in pending:
+            w._packed.append(PackedWeight(code, q_all[e], s_all[e], block_bytes, copies, halves))
+            pages.release(w.data)
 
 
 def _float_rows(w: WeightMatrix, r0: int, r1: int) -> np.ndarray:
