@@ -248,9 +248,10 @@ def _packed_experts(h: np.ndarray, ffn: RouterFfn, ids: np.ndarray, weights: np.
     (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = arenas  # type: ignore[misc]
     starts = np.append(starts, len(order)).astype(np.int64)  # (m + 1,) segment i: slots starts[i]..starts[i+1]
     chosen = chosen.astype(np.int64)
-    tags = [tag(BLOCK_CODES[t.ggml_type]) for t in (ffn.gate, ffn.up, ffn.down)]
+    codes = [BLOCK_CODES[tensor.ggml_type] for tensor in (ffn.gate, ffn.up, ffn.down)]
+    tags = [tag(code) for code in codes]
+    paired = [bool(packed.PAIRED[code]) for code in codes]  # the format's kernels read byte pairs (and so xq2)
     n_slots = len(order)
-    paired = [bool(packed.PAIRED[tensor.ggml_type]) for tensor in (ffn.gate, ffn.up, ffn.down)]
     # gate and up: the tokens' rows, in slot order
     x = experts.slot_buffers(n_slots, h.shape[1], paired[0] or paired[1])
     experts.quantize_slots(h, order // k, paired[0] or paired[1], *x)
