@@ -355,7 +355,7 @@ def pack_many(raw, fmt, block_bytes, copies, halves, q_all, s_all, which):
     unit = unit or 2
     q_words = q_all.view(words or np.uint16).reshape(q_all.shape[0], -1)
     d = raw.shape[0] // q_all.shape[0]
-    _pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies // unit, halves, q_all, q_words, s_all, which)
+    pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies // unit, halves, q_all, q_words, s_all, which)
 
 
 def _word_bytes(row_bytes: int, block_bytes: int, copies: np.ndarray, width: int) -> int:
@@ -369,9 +369,9 @@ def _word_bytes(row_bytes: int, block_bytes: int, copies: np.ndarray, width: int
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies, halves, q_all, q_words, s_all, which):
-    """`pack_many` with raw's rows and q as words of `unit` bytes: raw_words (n·d, row_bytes / unit), q_words
-    (n, words of a matrix), copies in words. A parallel item is one row group of one matrix."""
+def pack_groups(raw, raw_words, d, fmt, block_bytes, unit, copies, halves, q_all, q_words, s_all, which):
+    """`pack_many`'s compiled loop, raw's rows and q as words of `unit` bytes: raw_words (n·d, row_bytes / unit),
+    q_words (n, words of a matrix), copies in words. A parallel item is one row group of one matrix."""
     n_groups, nb = q_all.shape[1], q_all.shape[2]
     lanes = q_all.shape[5]
     hw = q_all.shape[6] // unit  # words of a row side by side
