@@ -22,11 +22,11 @@ An emitter handles one block of all ROWS rows of a group, L rows at a time, and 
     xq    int8    flat quantized activations; a token's xo: offset of this block's first value
     dx    float32 activation scales per 32; xsum int32 (n/32, 2) flat: sums of xq per 16; a token's xb: first 32-block
 
-and a list of tokens (`Token`): prefill runs TILE tokens per call, each block's bytes loaded and decoded once for
-all of them (pair kernels read xq2, which holds every activation pair twice, so a pair is one 32-bit broadcast
-load; see `xpair`). An emitter is written once for the list: a chunk's weight bytes are loaded and decoded once
-and multiplied with every token's activations, each token adding into its own sums, with the same float
-operations in the same order for any number of tokens: the multi-token kernels give the one-token results bit
+and a list of tokens (`Token`): prefill runs `KernelSet.tile` tokens per call, each block's bytes loaded and
+decoded once for all of them (pair kernels read xq2, which holds every activation pair twice, so a pair is one
+32-bit broadcast load; see `xpair`). An emitter is written once for the list: a chunk's weight bytes are loaded and
+decoded once and multiplied with every token's activations, each token adding into its own sums, with the same
+float operations in the same order for any number of tokens: the multi-token kernels give the one-token results bit
 for bit.
 
 Integer sums are exact; the bounds that keep the 16-bit partial sums from saturating are noted at each pair
@@ -46,11 +46,6 @@ from numba.core import cgutils
 from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE
 from .fields import ROWS
 
-# Tokens per multi-token kernel call. YMM registers (16 on AVX2) bound the tile: a token holds one or two 16-bit
-# accumulators and one 32-bit one (two registers) live in the inner loop, besides the decoded bytes and the masks.
-# TILE = 4 measured faster than 2 for every format (Zen 3); so did 4 tokens sharing one decode for Q4_K and Q6_K,
-# against two passes of 2.
-TILE = 4
 PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpbusd
 
 # Products stream their weights from memory once, and a core that also decodes and multiplies them keeps fewer
@@ -96,6 +91,16 @@ class KernelSet:
     vector_bytes: int  # one register: 64 (zmm) or 32 (ymm; plain vector IR for PORTABLE)
     quad_codes: frozenset[int]  # formats packed in quads for vpdpbusd; the others in pairs
     f16c: bool  # half -> float in one instruction (vcvtph2ps); else integer bit moves
+
+    @property
+    def tile(self) -> int:
+        """Tokens per multi-token kernel call (prefill), bounded by the vector registers: a token holds one or
+        two accumulators and its float sums live in the inner loop, besides the decoded bytes and the masks.
+        With AVX2's 16 YMM registers, 4 measured faster than 2 for every format (Zen 3), and 4 tokens sharing one
+        decode faster than two passes of 2 for Q4_K and Q6_K. AVX-512's 32 hold 8: over Qwen2.5-1.5B's prompt
+        products (256 tokens; Intel Xeon, 2 threads, alternating processes) Q4_K went from 345 to 380 GOPS and
+        Q6_K from 265 to 305 against 4."""
+        return 8 if self.vector_bytes == 64 else 4
 
     def layout(self, code: int) -> tuple[int, int]:
         """(L rows per register, W bytes of a row side by side) of format `code`'s packed q."""
@@ -174,6 +179,24 @@ class Emitter:
         """
         fn = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "~{memory}", side_effect=True)
         self.b.call(fn, [])
+
+    def stash(self, values: list) -> ir.Value:
+        """Store scalars of one type in a stack array whose address escapes (into an empty asm), and return it.
+
+        A loop then reads each with one broadcast load (`unstash`). Left as values, LLVM hoists their splats
+        out of the loop and holds them all in vector registers, which spills when a tile has dozens.
+        """
+        elt = values[0].type
+        arr = cgutils.alloca_once(self.b, elt, size=len(values))
+        for i, v in enumerate(values):
+            self.b.store(v, self.b.gep(arr, [ir.Constant(I32, i)]))
+        escape = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [elt.as_pointer()]), "", "r,~{memory}", side_effect=True)
+        self.b.call(escape, [arr])
+        return arr
+
+    def unstash(self, arr, i: int):
+        """Scalar i of a `stash`, splat to L lanes."""
+        return self.splat(self.b.load(self.b.gep(arr, [ir.Constant(I32, i)])), self.L)
 
     def prefetch(self, ptr, off) -> None:
         """Ask L2 for the line at ptr[off] (never faults, even past the array's end)."""
@@ -430,15 +453,42 @@ def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
     return out
 
 
-def add_centred_run(e: Emitter, fd: list, isums: list, toks: list[Token], xsum, dx, block: int, h: int, bias: int,
+class RunBiases:
+    """bias · sum(x̂) over every run of a block's values, per token: the term a format storing values + bias
+    (Q3_K: 4, Q6_K: 32 over runs of 16; IQ4_XS: 128 over 32) takes off each run's integer sum. Computed once
+    a block, before the chunk loop; a tile's are read back from the stack (`Emitter.stash`)."""
+
+    def __init__(self, e: Emitter, toks: list[Token], xsum, runs: int, bias: int, run: int = 16):
+        self.e, self.runs = e, runs
+        b, two = e.b, ir.Constant(I64, 2)
+        if run == 16:  # run r: half r % 2 of 32-block r // 2
+            sums = [[e.load_scalar(xsum, e.at(b.mul(t.xb, two), r)) for r in range(runs)] for t in toks]
+        else:
+            sums = [[xsum32(e, xsum, e.at(t.xb, r)) for r in range(runs)] for t in toks]
+        self.values = [b.mul(v, ir.Constant(I32, bias)) for row in sums for v in row]
+        self.stash = e.stash(self.values) if len(toks) > 1 else None
+
+    def __call__(self, i: int, run: int):
+        """Token i's bias sum of run `run`, splat to L lanes."""
+        k = i * self.runs + run
+        return self.e.unstash(self.stash, k) if self.stash is not None else self.e.splat(self.values[k], self.e.L)
+
+
+def add_centred_run(e: Emitter, fd: list, isums: list, toks: list[Token], dx, block: int, h: int, biases: RunBiases,
                     scale) -> None:  # fmt: skip
     """fd[i] += dx · float((isums[i] - bias · sum(x̂)) · scale) for each token's 16-value run h of 32-block
-    `block`: a run of values stored as value + bias (Q3_K: 4, Q6_K: 32), the bias taken off the integer sum
-    before the per-row scale <L x i32>, so that every kernel set computes the same integer."""
+    `block`: a run of values stored as value + bias, the bias taken off the integer sum before the per-row
+    scale <L x i32>, so that every kernel set computes the same integer."""
+    run = 2 * block + h
+    centred_products(e, fd, [e.b.sub(isums[i], biases(i, run)) for i in range(len(toks))], toks, dx, block, scale)
+
+
+def centred_products(e: Emitter, fd: list, centred: list, toks: list[Token], dx, block: int, scale) -> None:
+    """fd[i] += dx · float(centred[i] · scale) for each token, with dx that of 32-block `block`: the product taken
+    in floats, one instruction against vpmulld's two. float(n) · float(scale) is float(n · scale) exactly: both
+    factors are integers under 2^24 in magnitude, and either way is one rounding of the same exact product."""
     b = e.b
+    fscale = e.to_float(scale)
     for i, t in enumerate(toks):
-        blk = e.at(t.xb, block)
-        off = e.load_scalar(xsum, e.at(b.mul(blk, ir.Constant(I64, 2)), h))  # sum(x̂) over the run
-        centred = b.sub(isums[i], e.splat(b.mul(off, ir.Constant(I32, bias)), e.L))
-        d_x = e.fsplat(e.load_scalar(dx, blk))
-        fd[i] = b.fadd(fd[i], b.fmul(d_x, e.to_float(b.mul(centred, scale))))
+        d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, block)))
+        fd[i] = b.fadd(fd[i], b.fmul(d_x, b.fmul(e.to_float(centred[i]), fscale)))

@@ -21,7 +21,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import I32, PAIRS, QUADS, Emitter, Token, dot_runs, xsum32
+from .emit import I32, PAIRS, QUADS, Emitter, RunBiases, Token, dot_runs
 from .fields import INLINE, ROWS, h2f, half, qbyte
 from .spec import Format, Packing
 
@@ -156,18 +156,18 @@ def block_emitter(book: Codebook, scales: Callable[[Emitter, object, object], ob
 
     def emit(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
         b = e.b
-        d_x = [e.fsplat(e.load_scalar(dx, t.xb)) for t in toks]
-        bias = ir.Constant(I32, book.bias)
-        offset = [e.splat(b.mul(xsum32(e, xsum, t.xb), bias), e.L) for t in toks]  # the stored + bias
+        biases = RunBiases(e, toks, xsum, 1, book.bias, run=32)  # the stored + bias
         with e.chunks() as c:
+            e.reload_barrier()  # the biases are read in the loop, not held in registers
             if e.W == QUADS:
                 isums = quad_sums(e, q, qo, c, 0, xq, toks, 0, book)
             else:
                 isums = pair_sums(e, q, qo, c, 0, xq, toks, 0, book)
             d = scales(e, s, e.rows(so, c))
             for i, t in enumerate(toks):
-                isum = b.sub(isums[i], offset[i])
-                e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x[i], e.to_float(isum))))
+                isum = b.sub(isums[i], biases(i, 0))
+                d_x = e.fsplat(e.load_scalar(dx, t.xb))
+                e.add_to_acc(acc, t, c, b.fmul(d, b.fmul(d_x, e.to_float(isum))))
 
     return emit
 

@@ -14,12 +14,11 @@ from types import ModuleType
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from llvmlite import ir
 from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I32, PAIRS, QUADS, Emitter, Token, splat_const, vt, xsum32
+from .emit import F32, I16, I32, PAIRS, QUADS, Emitter, RunBiases, Token, centred_products, splat_const, vt
 from .fields import INLINE, ROWS, h2f, half, qbyte, set_qbyte
 from .iq4_nl import KVALUES, codebook, pair_sums, quad_sums, run_sum
 from .spec import Format, Packing
@@ -128,19 +127,17 @@ def _scale(e: Emitter, q, qo, c, i: int):
 
 def _emit(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
     b = e.b
+    biases = RunBiases(e, toks, xsum, 8, 128, run=32)  # values stored + 128
     with e.chunks() as c:
+        e.reload_barrier()  # the biases are read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         for i in range(8):
             if e.W == QUADS:
                 isums = quad_sums(e, q, qo, c, 4 * i, xq, toks, 32 * i)
             else:
                 isums = pair_sums(e, q, qo, c, 8 * i, xq, toks, 32 * i)
-            ls = _scale(e, q, qo, c, i)
-            for k, t in enumerate(toks):
-                blk = e.at(t.xb, i)
-                offset = e.splat(b.mul(xsum32(e, xsum, blk), ir.Constant(I32, 128)), e.L)  # values stored + 128
-                d_x = e.fsplat(e.load_scalar(dx, blk))
-                fd[k] = b.fadd(fd[k], b.fmul(d_x, e.to_float(b.mul(b.sub(isums[k], offset), ls))))
+            centred = [b.sub(isums[k], biases(k, i)) for k in range(len(toks))]
+            centred_products(e, fd, centred, toks, dx, i, _scale(e, q, qo, c, i))
         d = e.halves(s, e.rows(so, c))
         for k, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[k]))

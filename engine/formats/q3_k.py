@@ -18,7 +18,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, Token, add_centred_run, dot_runs, splat_const, vt
+from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, RunBiases, Token, add_centred_run, dot_runs, splat_const, vt
 from .fields import INLINE, ROWS, bits, h2f, half, i8, qbyte, set_qbyte
 from .spec import Format, Packing
 
@@ -161,7 +161,9 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
     the pair emitter's.
     """
     b = e.b
+    biases = RunBiases(e, toks, xsum, 16, 4)  # values + 4
     with e.chunks() as c:
+        e.reload_barrier()  # the biases are read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         for n in range(2):
             for j in range(4):
@@ -175,7 +177,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                         high = e.bits32(e.qquad32(q, qo, c, 16 + ll // 4), 2 - (4 * n + j), 0x04040404)
                         quads.append((b.or_(low, high), (4 * n + j) * 32 + ll))
                     isums = dot_runs(e, toks, xq, quads)
-                    add_centred_run(e, fd, isums, toks, xsum, dx, n * 4 + j, h, 4, scale)  # values - 4
+                    add_centred_run(e, fd, isums, toks, dx, n * 4 + j, h, biases, scale)  # values - 4
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))

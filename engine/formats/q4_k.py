@@ -232,16 +232,18 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
     def sum_x(t: Token, j: int):  # dx * sum(x̂) of sub-block j, for the mins
         return b.fmul(e.load_scalar(dx, e.at(t.xb, j)), b.sitofp(xsum32(e, xsum, e.at(t.xb, j)), F32))
 
-    # One token: the same for every chunk, so computed once a block. A tile's 32 would spill: measured slower
-    # (1.5B prefill 128-143 tok/s against 137-171), so those stay in the chunk loop.
-    sxs = [[sum_x(toks[0], j) for j in range(8)]] if len(toks) == 1 else None
+    # The same for every chunk, so computed once a block; a tile's 8 per token are read from the stack.
+    sxs = [sum_x(t, j) for t in toks for j in range(8)]
+    stash = e.stash(sxs) if len(toks) > 1 else None
     with e.chunks() as c:
+        e.reload_barrier()  # the stash is read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         scales = [e.qquad32(q, qo, c, 32 + h) for h in range(2)]
         for i in range(4):
             for hi in range(2):  # sub-block 2i + hi: the low nibbles of bytes 32i.., then the high ones
                 j = 2 * i + hi
-                scale = e.byte_of(scales[j // 4], j % 4, False)
+                # float(isum) * scale is float(isum * scale) exactly: |isum * scale| <= 32*15*127*63 < 2^24
+                scale = b.sitofp(e.byte_of(scales[j // 4], j % 4, False), vt(F32, e.L))
                 raw = [e.qvec(q, qo, c, 8 * i + pq) for pq in range(8)]
                 quads = [(b.and_(v, high) if hi else e.nibbles(v, False), j * 32 + 4 * pq) for pq, v in enumerate(raw)]
                 isums = dot_runs(e, toks, xq, quads)
@@ -249,15 +251,16 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                     isums = [b.ashr(v, splat_const(I32, e.L, 4)) for v in isums]  # every term a multiple of 16
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, j)))
-                    fd[k] = b.fadd(fd[k], b.fmul(d_x, e.to_float(b.mul(isums[k], scale))))
+                    fd[k] = b.fadd(fd[k], b.fmul(d_x, b.fmul(e.to_float(isums[k]), scale)))
         d = e.halves(s, e.rows(so, c))
         dmin = e.halves(s, e.rows(so, c, 1))
         mins = [e.qquad32(q, qo, c, 34 + h) for h in range(2)]
+        mins = [b.sitofp(e.byte_of(mins[j // 4], j % 4, False), vt(F32, e.L)) for j in range(8)]
         for k, t in enumerate(toks):
             fm = splat_const(F32, e.L, 0.0)
             for j in range(8):
-                m = b.sitofp(e.byte_of(mins[j // 4], j % 4, False), vt(F32, e.L))
-                fm = b.fadd(fm, b.fmul(m, e.fsplat(sxs[0][j] if sxs else sum_x(t, j))))
+                sx = e.unstash(stash, 8 * k + j) if stash is not None else e.fsplat(sxs[8 * k + j])
+                fm = b.fadd(fm, b.fmul(mins[j], sx))
             e.add_to_acc(acc, t, c, b.fsub(b.fmul(d, fd[k]), b.fmul(dmin, fm)))
 
 

@@ -17,7 +17,7 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, Token, add_centred_run, dot_runs, splat_const, vt
+from .emit import F32, I16, I64, PAIRS, QUADS, Emitter, RunBiases, Token, add_centred_run, dot_runs, splat_const, vt
 from .fields import INLINE, ROWS, bits, h2f, half, i8, qbyte
 from .spec import Format, Packing
 
@@ -176,7 +176,9 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
     either way, as the pair emitter adds them.
     """
     b = e.b
+    biases = RunBiases(e, toks, xsum, 16, 32)  # values + 32
     with e.chunks() as c:
+        e.reload_barrier()  # the biases are read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         for n in range(2):
             one = _one_token_runs(e, q, qo, c, xq, toks[0], n) if len(toks) == 1 else None
@@ -185,7 +187,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
                     j = n * 8 + 2 * k + h  # scale index
                     scale = e.byte_of(e.qquad32(q, qo, c, 48 + j // 4), j % 4, True)
                     isums = one[k, h] if one else dot_runs(e, toks, xq, _run_quads(e, q, qo, c, n, k, h))
-                    add_centred_run(e, fd, isums, toks, xsum, dx, n * 4 + k, h, 32, scale)  # values - 32
+                    add_centred_run(e, fd, isums, toks, dx, n * 4 + k, h, biases, scale)  # values - 32
         d = e.halves(s, e.rows(so, c))
         for i, t in enumerate(toks):
             e.add_to_acc(acc, t, c, b.fmul(d, fd[i]))

@@ -31,7 +31,7 @@ from numba.extending import intrinsic
 
 from ..formats import QUANTIZED, Format
 from ..formats.dispatch import by_format
-from ..formats.emit import I64, PAIRS, QUADS, TILE, Emitter, KernelSet, Token
+from ..formats.emit import I64, PAIRS, QUADS, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
 from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, compile_target, kernel_isa
@@ -53,6 +53,7 @@ def kernel_set(isa: str, f16c: bool = True) -> KernelSet:
 # The CPU Numba compiles for (the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), found as Numba finds it.
 TARGET_NAME, TARGET_FEATURES = compile_target(os.environ)
 KERNELS = kernel_set(kernel_isa(TARGET_FEATURES), "f16c" in TARGET_FEATURES)
+TILE = KERNELS.tile  # tokens per multi-token kernel call; another set built here (`build_kernels`) uses it too
 
 
 def _emitter(context, builder, signature, args, fmt: Format, kernels: KernelSet) -> tuple[Emitter, object]:

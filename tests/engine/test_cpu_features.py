@@ -158,12 +158,14 @@ def check_every_format(out_path: str, against_reference: bool = True) -> None:
         rows, cols = 130, 512  # a zero-padded last group
         raw = random_blocks(qtype, rows, cols, rng)
         w = WeightMatrix.from_raw("isa", qtype, rows, cols, raw).prepare()
-        xs = rng.standard_normal((2 * packed.TILE + 2, cols)).astype(np.float32)
+        # the same tokens in every set (compared across sets): 18 = two tiles of 8 and two more (AVX-512's
+        # tile), or four tiles of 4 and two more (AVX2's)
+        xs = rng.standard_normal((18, cols)).astype(np.float32)
         p = w.packed
         assert p.q.shape[4:] == packed.layout(p.code), qtype.name
         one = np.stack([matvec(w, x) for x in xs])
         many = np.empty((len(xs), rows), dtype=np.float32)
-        # two tiles and two more; then three tokens, padded to one tile
+        # whole tiles and two more; then three tokens, padded to one tile
         packed.matmul(p.q, p.s, p.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
         short = np.empty((3, rows), dtype=np.float32)
         packed.matmul(p.q, p.s, p.fmt, xs[:3], short, *packed.row_buffers(3, cols), False)
