@@ -98,8 +98,8 @@ class KernelSet:
         two accumulators and its float sums live in the inner loop, besides the decoded bytes and the masks.
         With AVX2's 16 YMM registers, 4 measured faster than 2 for every format (Zen 3), and 4 tokens sharing one
         decode faster than two passes of 2 for Q4_K and Q6_K. AVX-512's 32 hold 8: over Qwen2.5-1.5B's prompt
-        products (256 tokens; Intel Xeon, 2 threads, alternating processes) Q4_K went from 345 to 380 GOPS and
-        Q6_K from 265 to 305 against 4."""
+        products (256 tokens; Intel Xeon, 2 threads, one run each) Q4_K went from 363 to 388 GOPS and Q6_K from
+        271 to 308 against 4."""
         return 8 if self.vector_bytes == 64 else 4
 
     def layout(self, code: int) -> tuple[int, int]:
