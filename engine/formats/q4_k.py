@@ -219,12 +219,13 @@ def emit_k_quant_pairs(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[T
             e.add_to_acc(acc, t, c, b.fsub(b.fmul(d, e.from_parity(fd[k])), b.fmul(dmin, fm)))
 
 
-def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -> None:
-    """Q4_K: quads 0-31 qs, 32-33 scales[8], 34-35 mins[8] (one byte per sub-block).
+def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token], fifth_bit: bool = False) -> None:
+    """Q4_K: quads 0-31 qs, 32-33 scales[8], 34-35 mins[8] (one byte per sub-block); Q5_K (fifth_bit) adds
+    qh[32] as quads 36-43, bit j of qh[l] the fifth bit of value l of sub-block j (values <= 31).
 
-    A high nibble is multiplied in place (byte & 0xF0, 16x its value: vpdpbusd has no 16-bit step to overflow,
-    and 4 * 240 * 127 per step stays far from 2^31), and the sum shifted right by 4, exactly: one instruction
-    a register instead of a shift and a mask.
+    A Q4_K high nibble is multiplied in place (byte & 0xF0, 16x its value: vpdpbusd has no 16-bit step to
+    overflow, and 4 * 240 * 127 per step stays far from 2^31), and the sum shifted right by 4, exactly: one
+    instruction a register instead of a shift and a mask.
     """
     b = e.b
     high = splat_const(I8, 4 * e.L, 0xF0)
@@ -242,12 +243,16 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
         for i in range(4):
             for hi in range(2):  # sub-block 2i + hi: the low nibbles of bytes 32i.., then the high ones
                 j = 2 * i + hi
-                # float(isum) * scale is float(isum * scale) exactly: |isum * scale| <= 32*15*127*63 < 2^24
+                # float(isum) * scale is float(isum * scale) exactly: |isum * scale| <= 32*31*127*63 < 2^24
                 scale = b.sitofp(e.byte_of(scales[j // 4], j % 4, False), vt(F32, e.L))
                 raw = [e.qvec(q, qo, c, 8 * i + pq) for pq in range(8)]
-                quads = [(b.and_(v, high) if hi else e.nibbles(v, False), j * 32 + 4 * pq) for pq, v in enumerate(raw)]
-                isums = dot_runs(e, toks, xq, quads)
-                if hi:
+                if fifth_bit:  # bit j of each qh byte moved to bit 4
+                    fifth = [e.bits32(e.qquad32(q, qo, c, 36 + pq), 4 - j, 0x10101010) for pq in range(8)]
+                    values = [b.or_(e.nibbles(v, bool(hi)), fifth[pq]) for pq, v in enumerate(raw)]
+                else:
+                    values = [b.and_(v, high) if hi else e.nibbles(v, False) for v in raw]
+                isums = dot_runs(e, toks, xq, [(v, j * 32 + 4 * pq) for pq, v in enumerate(values)])
+                if hi and not fifth_bit:
                     isums = [b.ashr(v, splat_const(I32, e.L, 4)) for v in isums]  # every term a multiple of 16
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, j)))

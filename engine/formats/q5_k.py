@@ -1,6 +1,7 @@
 """Q5_K: super-blocks of 256 values, 176 bytes: d dmin (halves) | scales[12] | qh[32] | qs[128].
 
-Q4_K (q4_k.py) with a fifth bit: bit 2i (2i + 1) of qh[l] for value l of sub-block 2i (2i + 1).
+Q4_K (q4_k.py) with a fifth bit: bit 2i (2i + 1) of qh[l] for value l of sub-block 2i (2i + 1). Its emitters
+are Q4_K's, with the fifth bit.
 
 Packed: q = qs[128], scale[8], min[8], qh[32]; s = d, dmin.
 """
@@ -16,9 +17,9 @@ from numba import njit
 
 from . import arrays
 from .arrays import Array
-from .emit import PAIRS
+from .emit import PAIRS, QUADS
 from .fields import INLINE, ROWS, half
-from .q4_k import emit_k_quant_pairs, group_k_quant, k4_scale_min, repack, scale_min_k4, unpack
+from .q4_k import emit_k_quant_pairs, emit_quads, group_k_quant, k4_scale_min, repack, scale_min_k4, unpack
 from .spec import Format, Packing
 
 TYPE = T.Q5_K
@@ -114,5 +115,5 @@ FORMAT = Format(
     dot=dot,
     packing=PACKING,
     group=group,
-    emitters={PAIRS: partial(emit_k_quant_pairs, fifth_bit=True)},
+    emitters={PAIRS: partial(emit_k_quant_pairs, fifth_bit=True), QUADS: partial(emit_quads, fifth_bit=True)},
 )
