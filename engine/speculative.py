@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from .errors import SettingsError
-from .kernels.packed import TILE
 from .sequences import common_prefix
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ class Drafter(Protocol):
 
 
 class _Length:
-    """Adaptive draft length: TILE - 1, then 2·TILE - 1, 4·TILE - 1, ... guesses, up to `most`. It grows after
+    """Adaptive draft length: FIRST_LENGTH, then 2·FIRST_LENGTH + 1, ... guesses, up to `most`. It grows after
     a fully accepted draft and starts over after a rejection.
 
     The newest token and the guesses fill whole tiles of the kernels (packed.matmul): a verification pass runs
@@ -82,7 +81,9 @@ class _Length:
             self.now = min(FIRST_LENGTH, self.most)
 
 
-FIRST_LENGTH = TILE - 1
+# 3 guesses and the newest token fill AVX2's tile of 4 rows. AVX-512's tile is 8 rows, so a pass of 4 runs as one
+# padded tile there; whether starting at 7 guesses pays on such a CPU is not measured yet, so both start at 3.
+FIRST_LENGTH = 3
 
 
 class Pace:
