@@ -62,11 +62,12 @@ class _Length:
     """Adaptive draft length: FIRST_LENGTH, then 2·FIRST_LENGTH + 1, ... guesses, up to `most`. It grows after
     a fully accepted draft and starts over after a rejection.
 
-    The newest token and the guesses fill whole tiles of the kernels (packed.matmul): a verification pass runs
-    its rows TILE at a time, the first tile streaming the weights from memory while it computes, and a pass of
-    fewer rows is padded to one tile, so 2, 3 and 4 rows cost alike and leftovers past a tile cost more than
-    their share. Full passes of Qwen2.5-Coder-1.5B (Intel Xeon, 2 threads, fastest of 4-6): 1 row 40-42 ms,
-    2 rows 56-58, 3 rows 58-60, 4 rows 58-61, 5 rows 69-76; 8 rows 91, 9 rows 102, 16 rows 168, 17 rows 181."""
+    The newest token and the guesses fill whole tiles of AVX2's kernels (packed.matmul, 4 rows): a verification
+    pass runs its rows a tile at a time, the first tile streaming the weights from memory while it computes, and
+    a pass of fewer rows is padded to one tile, so 2, 3 and 4 rows cost alike and leftovers past a tile cost more
+    than their share. Full passes of Qwen2.5-Coder-1.5B with tiles of 4 (Intel Xeon, 2 threads, fastest of 4-6):
+    1 row 40-42 ms, 2 rows 56-58, 3 rows 58-60, 4 rows 58-61, 5 rows 69-76; 8 rows 91, 9 rows 102, 16 rows 168,
+    17 rows 181. AVX-512's tiles are 8 rows (see FIRST_LENGTH)."""
 
     def __init__(self, most: int) -> None:
         self.most = max(1, most)
