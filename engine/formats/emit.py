@@ -8,7 +8,9 @@ the activations (x[k], .., x[k+W-1]) broadcast to every row feed the multiply di
 
 - W = 2 (PAIRS): pmaddubsw (u8 x s8 -> adjacent pairs summed to s16), AVX2 (L = 16) or AVX-512BW (L = 32).
 - W = 4 (QUADS): vpdpbusd (u8 x s8 -> 4 products summed into an s32 accumulator, no 16-bit step), AVX-512
-  VNNI (L = 16) or AVX-VNNI (L = 8). Only some formats have a quad emitter; the others keep pairs.
+  VNNI (L = 16) or AVX-VNNI (L = 8); on AVX2 (L = 8) and AVX-512BW (L = 16) pmaddubsw, its 16-bit sums
+  widened by pmaddwd (`QuadSums`), for the formats whose weight bytes keep those exact (`MADDUBS_BYTE_MAX`).
+  Only some formats have a quad emitter; the others keep pairs.
 
 The `KernelSet` names the instructions (and so each format's layout); the Emitter's primitives (`maddubs`,
 `pmaddwd`, `dpbusd`, `halves`) pick the instruction for it, or emit the same arithmetic as plain vector IR where
@@ -45,6 +47,7 @@ from numba.core import cgutils
 
 from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE
 from .fields import ROWS
+from .spec import Format
 
 PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpbusd
 
@@ -61,6 +64,12 @@ _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
 
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32 = ir.HalfType(), ir.FloatType()
+
+# pmaddubsw adds two u8 x s8 products into a saturating s16: exact for weight bytes up to 129 (2 * 129 * 127 <=
+# 32767, x̂ in -127..127). Sets without vpdpbusd pack a format in quads only if its quad emitter stays below.
+MADDUBS_BYTE_MAX = 129
+_S16_MAX = 32767
+_X_MAX = 127  # |x̂|: activations are quantized to -127..127
 
 _VPDPBUSD = {(AVX512_VNNI, 16): "llvm.x86.avx512.vpdpbusd.512", (AVX_VNNI, 8): "llvm.x86.avx512.vpdpbusd.256"}
 # instruction set: (rows per register of pairs, pmaddubsw's LLVM intrinsic)
@@ -89,7 +98,7 @@ class KernelSet:
 
     isa: str  # engine.runtime's name: AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2 or PORTABLE
     vector_bytes: int  # one register: 64 (zmm) or 32 (ymm; plain vector IR for PORTABLE)
-    quad_codes: frozenset[int]  # formats packed in quads for vpdpbusd; the others in pairs
+    quad_codes: frozenset[int]  # formats packed in quads (vpdpbusd, or pmaddubsw by `QuadSums`); the others in pairs
     f16c: bool  # half -> float in one instruction (vcvtph2ps); else integer bit moves
 
     @property
@@ -129,11 +138,12 @@ class Token:
 class Emitter:
     """Small helpers over an IRBuilder, for the kernels below: L rows per register, W bytes of each."""
 
-    def __init__(self, context, builder, signature, args, qb: int, code: int, kernels: KernelSet):
+    def __init__(self, context, builder, signature, args, fmt: Format, kernels: KernelSet):
         self.b = builder
         self.k = kernels
-        self.L, self.W = kernels.layout(code)
-        self.chunk_bytes = qb * self.L  # bytes of one L-row chunk of a block
+        self.L, self.W = kernels.layout(fmt.code)
+        self.quad_byte_max = fmt.quad_byte_max  # the largest weight byte the format's quad emitter multiplies
+        self.chunk_bytes = fmt.packing.quant_bytes * self.L  # bytes of one L-row chunk of a block
         self._fetched_lines: set[int] = set()  # lines of the current chunk already asked for (`qvec`)
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
@@ -143,6 +153,11 @@ class Emitter:
                 self.vals.append(builder.sext(a, I64) if ty.signed else builder.zext(a, I64))
             else:
                 self.vals.append(a)
+
+    @property
+    def has_dpbusd(self) -> bool:
+        """Whether this layout's quads multiply with vpdpbusd (else pmaddubsw: `QuadSums`)."""
+        return (self.k.isa, self.L) in _VPDPBUSD
 
     def at(self, base, k: int):
         return self.b.add(base, ir.Constant(I64, k)) if k else base
@@ -316,8 +331,9 @@ class Emitter:
         return fn
 
     def maddubs(self, a, x):
-        """<2L x i8> unsigned a, signed x -> <L x i16>: a[2i]x[2i] + a[2i+1]x[2i+1], saturated (pmaddubsw)."""
-        n = self.L
+        """<2n x i8> unsigned a, signed x -> <n x i16>: a[2i]x[2i] + a[2i+1]x[2i+1], saturated (pmaddubsw).
+        A register of pairs gives n = L, one of quads 2L (two sums per row)."""
+        n = a.type.count // 2
         lanes, name = _PMADDUBSW.get(self.k.isa, (0, ""))
         if n == lanes:
             return self.b.call(self._intrinsic(name, vt(I16, n), [vt(I8, 2 * n)] * 2), [a, x])
@@ -433,20 +449,65 @@ def xsum32(e: Emitter, xsum, xb):
     return e.b.add(e.load_scalar(xsum, i), e.load_scalar(xsum, e.at(i, 1)))
 
 
+class QuadSums:
+    """Integer sums of quads of products, one <L x i32> per chain: sum over the chain's (v, x) of the four
+    products v[4r + m] * x[4r + m] of each row r (v unsigned weight bytes, x signed activations, <4L x i8>).
+
+    With vpdpbusd, one instruction a quad. Without it, pmaddubsw into 16-bit sums (two a row), as many quads as
+    the format's largest byte keeps exact, then pmaddwd by ones: both sums of a row added into 32 bits. The
+    integers are the same either way, so every kernel set goes on with the same float operations.
+    """
+
+    def __init__(self, e: Emitter, chains: int):
+        self.e = e
+        self.dpbusd = e.has_dpbusd
+        self.wide = [e.zero32()] * chains
+        if not self.dpbusd:
+            if e.quad_byte_max > MADDUBS_BYTE_MAX:
+                raise ValueError(f"quad bytes up to {e.quad_byte_max} saturate pmaddubsw")
+            self.per_narrow = _S16_MAX // (2 * _X_MAX * e.quad_byte_max)  # quads per 16-bit sum
+            self.narrow = [splat_const(I16, 2 * e.L, 0)] * chains
+            self.count = [0] * chains
+
+    def add(self, i: int, v, x) -> None:
+        """Chain i += the products of quad v and activations x."""
+        e = self.e
+        if self.dpbusd:
+            self.wide[i] = e.dpbusd(self.wide[i], v, x)
+            return
+        self.narrow[i] = e.b.add(self.narrow[i], e.maddubs(v, x))
+        self.count[i] += 1
+        if self.count[i] == self.per_narrow:
+            self._widen(i)
+
+    def _widen(self, i: int) -> None:
+        e = self.e
+        ones = splat_const(I16, 2 * e.L, 1)
+        self.wide[i] = e.b.add(self.wide[i], e.pmaddwd(self.narrow[i], ones))
+        self.narrow[i] = splat_const(I16, 2 * e.L, 0)
+        self.count[i] = 0
+
+    def result(self, i: int):
+        if not self.dpbusd and self.count[i]:
+            self._widen(i)
+        return self.wide[i]
+
+
 def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
-    """Per token, sum over (v, k) in quads of vpdpbusd(v, x̂[k : k + 4]): <L x i32>.
+    """Per token, sum over (v, k) in quads of the products of v and x̂[k : k + 4] (`QuadSums`): <L x i32>.
 
     vpdpbusd adds into its accumulator (4-5 cycles a step): four chains of accumulators take turns, so that
     consecutive steps do not wait on each other. Several tokens are several chains already: four tokens with
-    four accumulators each would hold 16 registers and spill.
+    four accumulators each would hold 16 registers and spill. pmaddubsw's chains wait only on a 16-bit add.
     """
-    n_acc = max(1, min(4, len(quads)) // len(toks))
-    accs = [[e.zero32()] * n_acc for _ in toks]
+    chains = max(1, min(4, len(quads)) // len(toks)) if e.has_dpbusd else 1
+    sums = QuadSums(e, chains * len(toks))
     for n, (v, k) in enumerate(quads):
         for i, t in enumerate(toks):
-            accs[i][n % n_acc] = e.dpbusd(accs[i][n % n_acc], v, e.xquad(xq, t, k))
+            sums.add(i * chains + n % chains, v, e.xquad(xq, t, k))
     out = []
-    for a in accs:
+    for i in range(len(toks)):
+        a = [sums.result(i * chains + j) for j in range(chains)]
         while len(a) > 1:  # a pairwise tree: exact in integers, whatever the order
             a = [e.b.add(a[j], a[j + 1]) if j + 1 < len(a) else a[j] for j in range(0, len(a), 2)]
         out.append(a[0])

@@ -208,4 +208,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: emit_pairs, QUADS: emit_quads},
+    quad_byte_max=7,
 )

@@ -189,4 +189,5 @@ FORMAT = Format(
     group=group,
     quantize=quantize,
     emitters={PAIRS: partial(emit_q4_pairs, with_min=False), QUADS: partial(emit_q4_quads, with_min=False)},
+    quad_byte_max=15,
 )

@@ -97,4 +97,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: partial(emit_q4_pairs, with_min=True), QUADS: partial(emit_q4_quads, with_min=True)},
+    quad_byte_max=15,
 )

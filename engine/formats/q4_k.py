@@ -223,12 +223,13 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token], f
     """Q4_K: quads 0-31 qs, 32-33 scales[8], 34-35 mins[8] (one byte per sub-block); Q5_K (fifth_bit) adds
     qh[32] as quads 36-43, bit j of qh[l] the fifth bit of value l of sub-block j (values <= 31).
 
-    A Q4_K high nibble is multiplied in place (byte & 0xF0, 16x its value: vpdpbusd has no 16-bit step to
-    overflow, and 4 * 240 * 127 per step stays far from 2^31), and the sum shifted right by 4, exactly: one
-    instruction a register instead of a shift and a mask.
+    With vpdpbusd a Q4_K high nibble is multiplied in place (byte & 0xF0, 16x its value: vpdpbusd has no 16-bit
+    step to overflow, and 4 * 240 * 127 per step stays far from 2^31), and the sum shifted right by 4, exactly:
+    one instruction a register instead of a shift and a mask. pmaddubsw (`QuadSums`) takes the nibble itself.
     """
     b = e.b
     high = splat_const(I8, 4 * e.L, 0xF0)
+    in_place = e.has_dpbusd and not fifth_bit
 
     def sum_x(t: Token, j: int):  # dx * sum(x̂) of sub-block j, for the mins
         return b.fmul(e.load_scalar(dx, e.at(t.xb, j)), b.sitofp(xsum32(e, xsum, e.at(t.xb, j)), F32))
@@ -239,24 +240,25 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token], f
     with e.chunks() as c:
         e.reload_barrier()  # the stash is read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
-        scales = [e.qquad32(q, qo, c, 32 + h) for h in range(2)]
         for i in range(4):
             for hi in range(2):  # sub-block 2i + hi: the low nibbles of bytes 32i.., then the high ones
                 j = 2 * i + hi
                 # float(isum) * scale is float(isum * scale) exactly: |isum * scale| <= 32*31*127*63 < 2^24
-                scale = b.sitofp(e.byte_of(scales[j // 4], j % 4, False), vt(F32, e.L))
+                scale = b.sitofp(e.byte_of(e.qquad32(q, qo, c, 32 + j // 4), j % 4, False), vt(F32, e.L))
                 raw = [e.qvec(q, qo, c, 8 * i + pq) for pq in range(8)]
                 if fifth_bit:  # bit j of each qh byte moved to bit 4
                     fifth = [e.bits32(e.qquad32(q, qo, c, 36 + pq), 4 - j, 0x10101010) for pq in range(8)]
                     values = [b.or_(e.nibbles(v, bool(hi)), fifth[pq]) for pq, v in enumerate(raw)]
                 else:
-                    values = [b.and_(v, high) if hi else e.nibbles(v, False) for v in raw]
+                    values = [b.and_(v, high) if hi and in_place else e.nibbles(v, bool(hi)) for v in raw]
                 isums = dot_runs(e, toks, xq, [(v, j * 32 + 4 * pq) for pq, v in enumerate(values)])
-                if hi and not fifth_bit:
+                if hi and in_place:
                     isums = [b.ashr(v, splat_const(I32, e.L, 4)) for v in isums]  # every term a multiple of 16
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, j)))
                     fd[k] = b.fadd(fd[k], b.fmul(d_x, b.fmul(e.to_float(isums[k]), scale)))
+                if not e.has_dpbusd:
+                    e.reload_barrier()
         d = e.halves(s, e.rows(so, c))
         dmin = e.halves(s, e.rows(so, c, 1))
         mins = [e.qquad32(q, qo, c, 34 + h) for h in range(2)]
@@ -302,4 +304,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: partial(emit_k_quant_pairs, fifth_bit=False), QUADS: emit_quads},
+    quad_byte_max=15,
 )

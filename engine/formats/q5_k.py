@@ -116,4 +116,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: partial(emit_k_quant_pairs, fifth_bit=True), QUADS: partial(emit_quads, fifth_bit=True)},
+    quad_byte_max=31,
 )

@@ -171,8 +171,9 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
     """Q6_K: quads 0-31 ql, 32-47 qh, 48-51 int8 scales[16].
 
     One token: in each half n, a quad of ql feeds runs k and k + 2 (its low and high nibbles) and a quad of
-    qh all four runs k, so each is loaded once, into 8 sums (k, h) at a time. Several tokens (prefill tiles)
-    go run by run instead, so that 4 tokens' sums stay in registers. The floats are added in run order
+    qh all four runs k, so each is loaded once, into 8 sums (k, h) at a time (with vpdpbusd; pmaddubsw's 16 bit
+    sums of 8 runs would not fit in the registers). Several tokens (prefill tiles) go run by run instead, so
+    that 4 tokens' sums stay in registers. The floats are added in run order
     either way, as the pair emitter adds them.
     """
     b = e.b
@@ -181,7 +182,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token]) -
         e.reload_barrier()  # the biases are read in the loop, not held in registers
         fd = [splat_const(F32, e.L, 0.0)] * len(toks)
         for n in range(2):
-            one = _one_token_runs(e, q, qo, c, xq, toks[0], n) if len(toks) == 1 else None
+            one = _one_token_runs(e, q, qo, c, xq, toks[0], n) if len(toks) == 1 and e.has_dpbusd else None
             for k in range(4):
                 for h in range(2):  # 16-value runs with their own scale
                     j = n * 8 + 2 * k + h  # scale index
@@ -246,4 +247,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: emit_pairs, QUADS: emit_quads},
+    quad_byte_max=63,
 )

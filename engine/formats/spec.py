@@ -46,6 +46,9 @@ class Format:
     packing: Packing | None = None
     group: Kernel | None = None  # group(q, s, g, xq, dx, xsum, acc): the packed kernel as plain loops
     emitters: Mapping[int, Callable[..., None]] = field(default_factory=dict)  # W (emit.PAIRS, QUADS) -> emitter
+    # The largest weight byte the quad emitter multiplies: kernel sets without vpdpbusd (pmaddubsw, which
+    # saturates in 16 bits) pack the format in quads only where it is small enough (emit.MADDUBS_BYTE_MAX).
+    quad_byte_max: int = 255
     # quantize(x float32 (n, cols)) -> uint8 (n, row_bytes): ggml's reference quantizer, to re-encode a draft
     # model's weights at load (engine/requantize.py); None where nothing needs it.
     quantize: Callable[[Any], Any] | None = None

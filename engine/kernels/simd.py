@@ -31,20 +31,25 @@ from numba.extending import intrinsic
 
 from ..formats import QUANTIZED, Format
 from ..formats.dispatch import by_format
-from ..formats.emit import I64, PAIRS, QUADS, Emitter, KernelSet, Token
+from ..formats.emit import I64, MADDUBS_BYTE_MAX, PAIRS, QUADS, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
 from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, compile_target, kernel_isa
 
 __all__ = ["KERNELS", "QUAD_CODES", "ROWS", "TILE", "KernelSet", "build_kernels", "kernel_set"]
 
-QUAD_CODES = frozenset(f.code for f in QUANTIZED.values() if QUADS in f.emitters)  # formats with a vpdpbusd kernel
+QUAD_CODES = frozenset(f.code for f in QUANTIZED.values() if QUADS in f.emitters)  # formats with a quad kernel
+# those whose quad kernel pmaddubsw multiplies exactly, for the sets without vpdpbusd
+MADDUBS_QUAD_CODES = frozenset(
+    f.code for f in QUANTIZED.values() if QUADS in f.emitters and f.quad_byte_max <= MADDUBS_BYTE_MAX
+)
 
 
 def kernel_set(isa: str, f16c: bool = True) -> KernelSet:
     """The kernel set for an instruction set name (engine.runtime.kernel_isa)."""
     wide = isa in (AVX512_BW, AVX512_VNNI)
-    quads = QUAD_CODES if isa in (AVX512_VNNI, AVX_VNNI) else frozenset()
+    quads = {AVX512_VNNI: QUAD_CODES, AVX_VNNI: QUAD_CODES, AVX512_BW: MADDUBS_QUAD_CODES, AVX2: MADDUBS_QUAD_CODES}
+    quads = quads.get(isa, frozenset())
     if isa not in (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE):
         raise ValueError(f"unknown instruction set {isa!r}")
     return KernelSet(isa, 64 if wide else 32, quads, f16c)
@@ -57,7 +62,7 @@ TILE = KERNELS.tile  # tokens per multi-token kernel call; another set built her
 
 
 def _emitter(context, builder, signature, args, fmt: Format, kernels: KernelSet) -> tuple[Emitter, object]:
-    e = Emitter(context, builder, signature, args, fmt.packing.quant_bytes, fmt.code, kernels)
+    e = Emitter(context, builder, signature, args, fmt, kernels)
     return e, fmt.emitters[e.W]  # the format's emitter for the width this set packs it in
 
 

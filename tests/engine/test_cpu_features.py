@@ -16,9 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 
 from engine import runtime
 from engine.formats import QUANTIZED
+from engine.formats.emit import MADDUBS_BYTE_MAX, QUADS
 from engine.kernels import simd
 from engine.runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, kernel_isa
 
@@ -52,16 +54,20 @@ def test_instruction_set_for_each_feature_set(features: set[str], isa: str) -> N
 
 def test_each_kernel_set_lays_each_format_out_for_its_instructions() -> None:
     codes = {f.code for f in QUANTIZED.values()}
-    pair, quad = sorted(codes - simd.QUAD_CODES), sorted(simd.QUAD_CODES)
-    expect = {  # isa: (L, W) of the pair formats, of the quad formats
-        AVX512_VNNI: ((32, 2), (16, 4)),
-        AVX_VNNI: ((16, 2), (8, 4)),
-        AVX512_BW: ((32, 2), (32, 2)),
-        AVX2: ((16, 2), (16, 2)),
-        PORTABLE: ((16, 2), (16, 2)),
+    # vpdpbusd takes any byte; pmaddubsw sums two products in 16 bits, so only small weight bytes go in quads
+    small = {f.code for f in QUANTIZED.values() if QUADS in f.emitters and f.quad_byte_max <= MADDUBS_BYTE_MAX}
+    assert {T.Q4_K, T.Q5_K, T.Q6_K, T.Q3_K, T.Q4_0} <= {T(c) for c in small}
+    assert {T.Q8_0, T.IQ4_XS, T.IQ4_NL} <= {T(c) for c in simd.QUAD_CODES - small}
+    expect = {  # isa: formats in quads, (L, W) of the pair formats, of the quad formats
+        AVX512_VNNI: (simd.QUAD_CODES, (32, 2), (16, 4)),
+        AVX_VNNI: (simd.QUAD_CODES, (16, 2), (8, 4)),
+        AVX512_BW: (small, (32, 2), (16, 4)),
+        AVX2: (small, (16, 2), (8, 4)),
+        PORTABLE: (set(), (16, 2), (16, 2)),
     }
-    for isa, (pair_layout, quad_layout) in expect.items():
+    for isa, (quads, pair_layout, quad_layout) in expect.items():
         ks = simd.kernel_set(isa)
+        pair, quad = sorted(codes - quads), sorted(quads)
         assert [ks.layout(c) for c in pair] == [pair_layout] * len(pair), isa
         assert [ks.layout(c) for c in quad] == [quad_layout] * len(quad), isa
         for c in codes:  # a register holds L rows of W bytes; the 64-row group is whole chunks
