@@ -488,6 +488,7 @@ class QuadSums:
         self.count[i] = 0
 
     def result(self, i: int):
+        """Chain i's sum, <L x i32>."""
         if not self.dpbusd and self.count[i]:
             self._widen(i)
         return self.wide[i]

@@ -257,7 +257,7 @@ def emit_quads(e: Emitter, q, qo, s, so, xq, dx, xsum, acc, toks: list[Token], f
                 for k, t in enumerate(toks):
                     d_x = e.fsplat(e.load_scalar(dx, e.at(t.xb, j)))
                     fd[k] = b.fadd(fd[k], b.fmul(d_x, b.fmul(e.to_float(isums[k]), scale)))
-                if not e.has_dpbusd:
+                if not e.has_dpbusd:  # else LLVM hoists the next sub-blocks' loads and spills them (16 ymm)
                     e.reload_barrier()
         d = e.halves(s, e.rows(so, c))
         dmin = e.halves(s, e.rows(so, c, 1))
