@@ -160,6 +160,7 @@ def check_every_format(out_path: str, against_reference: bool = True) -> None:
 
     results = {"isa": np.array(simd.KERNELS.isa)}
     for qtype in sorted(PACKED_TYPES):
+        results[f"{qtype.name} at the bound"] = check_at_the_bound(qtype, against_reference)
         rng = np.random.default_rng(int(qtype) + 900)
         rows, cols = 130, 512  # a zero-padded last group
         raw = random_blocks(qtype, rows, cols, rng)
@@ -191,6 +192,39 @@ def check_every_format(out_path: str, against_reference: bool = True) -> None:
     if simd.KERNELS.f16c:
         check_attention_rows()
     np.savez(out_path, **results)
+
+
+def check_at_the_bound(qtype: T, against_reference: bool) -> np.ndarray:
+    """Every weight byte 0xFF but the scale fields (each format's largest values: nibbles 15, Q5_K's 31, Q6_K's
+    63, Q3_K's 7) against activations of +127 and -127 in every place, where the pmaddubsw kernels' 16-bit sums
+    reach their bound: the tile and one-token kernels agree, and (`against_reference`) equal W @ x̂. Returns
+    the one-token outputs (18, 64)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from engine.kernels import WeightMatrix, matvec, packed
+    from tests.engine.test_kernels import E8M0_FIELDS, HALF_FIELDS, check_int8_matvec, oracle, random_blocks
+
+    rows, cols = 64, 512
+    block_bytes = GGML_QUANT_SIZES[qtype][1]
+    raw = random_blocks(qtype, rows, cols, np.random.default_rng(0)).reshape(-1, block_bytes)
+    values = np.ones(block_bytes, dtype=bool)
+    for off in HALF_FIELDS.get(qtype, []):
+        values[off : off + 2] = False
+    for off in E8M0_FIELDS.get(qtype, []):
+        values[off] = False
+    raw[:, values] = 0xFF
+    raw = raw.reshape(rows, -1)
+    w = WeightMatrix.from_raw("bound", qtype, rows, cols, raw).prepare()
+    xs = np.repeat(np.array([[1.0], [-1.0]], dtype=np.float32), 9, axis=0) * np.ones(cols, dtype=np.float32)
+    one = np.stack([matvec(w, x) for x in xs])
+    many = np.empty((len(xs), rows), dtype=np.float32)
+    packed.matmul(w.packed.q, w.packed.s, w.packed.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
+    np.testing.assert_array_equal(many, one, err_msg=f"{qtype.name} at the bound")
+    if against_reference:
+        ref = oracle(qtype, raw, rows, cols)
+        for i in (0, len(xs) - 1):
+            check_int8_matvec(w, ref, xs[i], one[i])
+    return one
 
 
 def check_attention_rows() -> None:
