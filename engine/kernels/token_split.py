@@ -91,6 +91,15 @@ class TokenSplit:
     def parts_sum_s(self) -> float:
         return sum(self.parts_s.values())
 
+    @property
+    def unaccounted_s(self) -> float:
+        """The step less its parts, round by round (each round's parts ran on the state its step left, under
+        the same load), the median of those: the medians of the whole and of each part apart would set one
+        round's step against another's parts."""
+        parts = [name for name in self.runs if name != "total"]
+        rounds = zip(self.runs["total"], *(self.runs[name] for name in parts), strict=True)
+        return statistics.median([total - sum(rest) for total, *rest in rounds])
+
 
 def _parallel_launches(args: Any, parallel_min_bytes: int) -> int:
     """The parallel launches decode.layer's products make: a group launches once when its packed bytes reach
