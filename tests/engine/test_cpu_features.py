@@ -2,8 +2,9 @@
 
 Selection is a pure function of a feature set (engine.runtime.kernel_isa, then simd.kernel_set), tested for
 each set. Each instruction set this host can run is then compiled in a subprocess for a CPU that has only its
-features (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: a lesser CPU emulated), checked against gguf's dequantize and
-the plain-loop reference there, and compared bit for bit with the host's own kernels.
+features (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES: a lesser CPU emulated), where every format's group kernels run,
+and compared bit for bit with the host's own, which its process checks against gguf's dequantize, the plain-loop
+reference and the parallel drivers.
 """
 
 from __future__ import annotations
@@ -149,12 +150,42 @@ def _emulated_env(isa: str) -> dict[str, str] | None:
     return {**env, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": ",".join(filter(None, [_features_string(kept), off]))}
 
 
+def group_products(w, xs: np.ndarray, tiles: bool) -> np.ndarray:
+    """xs (t, cols) @ W.T -> (t, rows) through the format's group kernels alone, without the parallel drivers:
+    every token by group_simd (`tiles` False), or as packed.matmul runs a pass (`tiles`: TILE tokens at a time
+    by group_simd_tile and the rest of each 16 one by one; under TILE tokens, padded to one tile)."""
+    from engine.kernels import packed
+
+    p = w.packed
+    t, rows = xs.shape[0], w.rows
+    xq, dx, xsum, xq2 = packed.row_buffers(t, xs.shape[1], paired=bool(packed.PAIRED[p.code]))
+    packed.quantize_rows(xs, xq, dx, xsum, xq2, False)
+    out = np.empty((t, p.q.shape[0] * packed.ROWS), dtype=np.float32)
+    acc = np.empty((packed.TILE, packed.ROWS), dtype=np.float32)
+    for g in range(p.q.shape[0]):
+        cols = slice(g * packed.ROWS, (g + 1) * packed.ROWS)
+        for t0 in range(0, t, packed.PER_ITEM):
+            i, t1 = t0, min(t, t0 + packed.PER_ITEM)
+            while i < t1:
+                if tiles and (t1 - i >= packed.TILE or xq.shape[0] > t):
+                    packed.group_simd_tile(p.q, p.s, p.fmt, g, xq, xq2, dx, xsum, i, acc)
+                    done = min(packed.TILE, t1 - i)
+                else:
+                    packed.group_simd(p.q, p.s, p.fmt, g, xq[i], dx[i], xsum[i], acc[0])
+                    done = 1
+                out[i : i + done, cols] = acc[:done]
+                i += done
+    return out[:, :rows]
+
+
 def check_every_format(out_path: str, against_reference: bool = True) -> None:
     """In this process's kernel set: every packed format's decode and prefill products, the outputs saved to
     out_path for comparison across sets; with `against_reference`, also against gguf's dequantize (through
-    W @ x̂) and the plain loops. A set whose outputs are then compared bit for bit with a set that was checked
-    against the reference needs no check of its own: the plain loops are compiled kernels too, and leaving them
-    out saves a third of each emulated set's compile time."""
+    W @ x̂) and the plain loops, and through the parallel drivers (packed.matmul, matvec). A set whose outputs
+    are then compared bit for bit with a set that was checked against the reference needs no check of its own:
+    the plain loops are compiled kernels too. Nor does it run the drivers, which are the same code in every set
+    and only copy the group kernels' sums out: compiling their parallel loops for each format would take a
+    third of an emulated set's time."""
     from engine.kernels import PACKED_TYPES, WeightMatrix, matvec, packed
     from tests.engine.test_kernels import check_int8_matvec, oracle, random_blocks
 
@@ -170,15 +201,18 @@ def check_every_format(out_path: str, against_reference: bool = True) -> None:
         xs = rng.standard_normal((18, cols)).astype(np.float32)
         p = w.packed
         assert p.q.shape[4:] == packed.layout(p.code), qtype.name
-        one = np.stack([matvec(w, x) for x in xs])
-        many = np.empty((len(xs), rows), dtype=np.float32)
+        one = group_products(w, xs, tiles=False)
         # whole tiles and two more; then three tokens, padded to one tile
-        packed.matmul(p.q, p.s, p.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
-        short = np.empty((3, rows), dtype=np.float32)
-        packed.matmul(p.q, p.s, p.fmt, xs[:3], short, *packed.row_buffers(3, cols), False)
-        np.testing.assert_array_equal(short, one[:3], err_msg=qtype.name)
-        np.testing.assert_array_equal(many, one, err_msg=qtype.name)
+        np.testing.assert_array_equal(group_products(w, xs, tiles=True), one, err_msg=qtype.name)
+        np.testing.assert_array_equal(group_products(w, xs[:3], tiles=True), one[:3], err_msg=qtype.name)
         if against_reference:
+            drivers = np.empty((len(xs), rows), dtype=np.float32)
+            packed.matmul(p.q, p.s, p.fmt, xs, drivers, *packed.row_buffers(*xs.shape), False)
+            np.testing.assert_array_equal(drivers, one, err_msg=qtype.name)
+            short = np.empty((3, rows), dtype=np.float32)
+            packed.matmul(p.q, p.s, p.fmt, xs[:3], short, *packed.row_buffers(3, cols), False)
+            np.testing.assert_array_equal(short, one[:3], err_msg=qtype.name)
+            np.testing.assert_array_equal(np.stack([matvec(w, x) for x in xs]), one, err_msg=qtype.name)
             ref = oracle(qtype, raw, rows, cols)
             for i, x in enumerate(xs):
                 check_int8_matvec(w, ref, x, one[i])
@@ -201,7 +235,7 @@ def check_at_the_bound(qtype: T, against_reference: bool) -> np.ndarray:
     the one-token outputs (18, 64)."""
     from gguf import GGML_QUANT_SIZES
 
-    from engine.kernels import WeightMatrix, matvec, packed
+    from engine.kernels import WeightMatrix, matvec
     from tests.engine.test_kernels import E8M0_FIELDS, HALF_FIELDS, check_int8_matvec, oracle, random_blocks
 
     rows, cols = 64, 512
@@ -216,11 +250,10 @@ def check_at_the_bound(qtype: T, against_reference: bool) -> np.ndarray:
     raw = raw.reshape(rows, -1)
     w = WeightMatrix.from_raw("bound", qtype, rows, cols, raw).prepare()
     xs = np.repeat(np.array([[1.0], [-1.0]], dtype=np.float32), 9, axis=0) * np.ones(cols, dtype=np.float32)
-    one = np.stack([matvec(w, x) for x in xs])
-    many = np.empty((len(xs), rows), dtype=np.float32)
-    packed.matmul(w.packed.q, w.packed.s, w.packed.fmt, xs, many, *packed.row_buffers(*xs.shape), False)
-    np.testing.assert_array_equal(many, one, err_msg=f"{qtype.name} at the bound")
+    one = group_products(w, xs, tiles=False)
+    np.testing.assert_array_equal(group_products(w, xs, tiles=True), one, err_msg=f"{qtype.name} at the bound")
     if against_reference:
+        np.testing.assert_array_equal(np.stack([matvec(w, x) for x in xs]), one, err_msg=f"{qtype.name} bound")
         ref = oracle(qtype, raw, rows, cols)
         for i in (0, len(xs) - 1):
             check_int8_matvec(w, ref, xs[i], one[i])

@@ -79,7 +79,7 @@ SIGNATURES = """
 import json, sys, engine
 from engine.kernels import packed
 m = engine.load_model(sys.argv[1], n_ctx=64)
-drivers = {"matvec": (packed.matvec, 2), "matmul": (packed.matmul, 2), "group_simd": (packed.group_simd, 2),
+drivers = {"matvec": (packed.matvec, 2), "matmul": (packed.matmul_quantized, 2), "group_simd": (packed.group_simd, 2),
            "pack": (packed.pack_groups, 3)}  # the format's argument of each
 print(json.dumps({name: sorted({str(sig[at]) for sig in f.signatures}) for name, (f, at) in drivers.items()}))
 """
