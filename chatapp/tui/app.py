@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
@@ -66,6 +67,9 @@ from engine.sampling import SamplingSettings
 
 if TYPE_CHECKING:
     from chatapp.mcp.client import McpClient
+
+# A streaming reply is shown at most this often (about 30 times a second): see `on_token_received`.
+REPLY_REFRESH_S = 1 / 30
 
 CHAT_ACTIONS = frozenset(
     {"stop", "cancel_edit", "new_chat", "regenerate", "edit_last", "copy_reply", "toggle_sampling"}
@@ -147,6 +151,7 @@ class ChatApp(App[None]):
         """Called with a theme's name when the user picks one (not for the one the app starts with)."""
         self._store_warning = store_warning
         self._reply_widget: AssistantMessage | None = None  # the reply in flight, while it is on screen
+        self._progress_timer: Timer | None = None  # set while the reply's new tokens wait to be shown
         self._editing_index: int | None = None
 
     # The service's state, read by the widgets' routing below (and by tests).
@@ -391,9 +396,21 @@ class ChatApp(App[None]):
         self._generate(self.backend, active)
 
     async def on_token_received(self, message: TokenReceived) -> None:
+        """Each token goes into the chat's state at once; the screen shows them REPLY_REFRESH_S apart. Showing
+        every token took the app's thread ~10 ms a token: on 2 cores that halved decode (SmolLM2 streamed at
+        75 tok/s through the TUI against 213 in the engine alone)."""
         active = self.service.token(message.turn, message.event, message.elapsed_ms)
         if active is not None and active.shown and self._reply_widget is not None:
-            await self._reply_widget.append(message.event.text)
+            self._reply_widget.queue(message.event.text)
+            if self._progress_timer is None:
+                self._progress_timer = self.set_timer(REPLY_REFRESH_S, self._show_progress)
+
+    async def _show_progress(self) -> None:
+        """The reply's queued text, the scroll that follows it and the live speed, on screen."""
+        self._progress_timer = None
+        active = self.service.active
+        if active is not None and active.shown and self._reply_widget is not None:
+            await self._reply_widget.flush()
             self.chat_log.follow()
             self.status.show_live(active.metrics)
 

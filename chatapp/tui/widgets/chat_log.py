@@ -49,6 +49,7 @@ class AssistantMessage(Vertical, can_focus=True):
         self.turn = turn
         self.border_title = model_name
         self._stream: MarkdownStream | None = None
+        self._pending = ""  # streamed text not shown yet (`queue`)
         self._next_block = 0
         self._raw = ""  # the reply's text so far, while streaming
         self._answer_sent = ""  # what of the answer the body's stream has been given
@@ -94,6 +95,7 @@ class AssistantMessage(Vertical, can_focus=True):
 
     async def show_call(self, record: ToolRecord) -> ToolCallBlock:
         """Add the call's block, or update it (the blocks of earlier rounds keep their own ids)."""
+        await self.flush()  # the text before the call first
         blocks = list(self.query(ToolCallBlock))
         block = next((b for b in reversed(blocks) if b.record.id == record.id), None)
         if block is not None and block.record.status not in ("ok", "error", "denied", "stopped"):
@@ -106,6 +108,7 @@ class AssistantMessage(Vertical, can_focus=True):
         return block
 
     async def ask(self, record: ToolRecord) -> ApprovalPrompt:
+        await self.flush()
         prompt = ApprovalPrompt(record)
         await self.query_one(".tools", Vertical).mount(prompt)
         return prompt
@@ -125,6 +128,16 @@ class AssistantMessage(Vertical, can_focus=True):
         self._stream = Markdown.get_stream(self.body)
         self._raw, self._answer_sent = "", ""
 
+    def queue(self, fragment: str) -> None:
+        """Keep a fragment for the next `flush`: the app shows a streaming reply a few times a second, not once
+        a token (each showing costs the app's thread milliseconds, which a 2-core machine takes from decode)."""
+        self._pending += fragment
+
+    async def flush(self) -> None:
+        """Show the fragments queued since the last flush."""
+        pending, self._pending = self._pending, ""
+        await self.append(pending)
+
     async def append(self, fragment: str) -> None:
         if self._stream is None or not fragment:
             return
@@ -143,6 +156,7 @@ class AssistantMessage(Vertical, can_focus=True):
 
     async def stop_stream(self) -> None:
         """Flush what is pending and end the stream (safe to call more than once)."""
+        await self.flush()
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.stop()
