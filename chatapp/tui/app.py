@@ -438,7 +438,9 @@ class ChatApp(App[None]):
         self._mark_branches()
         if active.shown and widget is not None:
             await widget.finish()
+            # the reply's last text may only now make it overflow, once its Markdown blocks are laid out
             self.chat_log.follow()
+            self.call_after_refresh(self.chat_log.follow)
         self.generating = False
 
     async def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
