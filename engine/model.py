@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from .cache_types import row_layout
+from .cache_types import cache_bits, row_layout
 from .config import PREFILL_CHUNK, ModelConfig
 from .errors import EngineError, SettingsError
 from .gguf_file import GGUFFile
@@ -92,6 +92,8 @@ class KVCache:
             self.k = [small_page_zeros((cfg.n_kv_head, r, width_k), dtype_k) for r in rows]
             self.v = [small_page_zeros((cfg.n_kv_head, r, width_v), dtype_v) for r in rows]
         self.type_k, self.type_v = type_k, type_v
+        # each CPU layer's (k, v) as the kernels take them (cache_types.cache_bits), made once: views of the above
+        self.kernel_views = [(cache_bits(k), cache_bits(v)) for k, v in zip(self.k, self.v, strict=True)]
         self.device = offload.new_cache(n_ctx, type_k, type_v) if offload is not None else None
         self.n_ctx = n_ctx
         # Positions a ring keeps (None: no ring, every position stays), and how far back a query looks.
@@ -273,7 +275,7 @@ class Model:
         ops = PromptOps(cache.k, cache.v, first, start, t, rowwise, self._scratch)
         for li in range(first, cfg.n_layer):
             if fast is not None:  # one token: the whole layer in one compiled call, the same arithmetic
-                fast[li - first](x[0], start, cache.k[li - first], cache.v[li - first])
+                fast[li - first](x[0], start, *cache.kernel_views[li - first])
             else:
                 x = run_layer(ops, specs[li], x)
         if last_only:

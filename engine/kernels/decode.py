@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from ..formats.fields import ROWS
 from . import floats, packed
 from .attention import attend_one, float_to_half, geglu_row, half_to_float, store_cache_row, swiglu_row
 
@@ -244,15 +245,96 @@ def norm_into(x, w, b, layer_norm_kind, eps, out):
 
 
 @njit(cache=True, nogil=True)
-def branch_out(w, a, b, post_norm, eps, h, x, parallel_min_bytes):
-    """x (d,) += post_norm(W a + b), h (d,) the scratch: a branch's output projection, its post-norm (an
-    RMSNorm; none where post_norm is empty) and the residual."""
-    product(w, a, h, parallel_min_bytes)
-    add_bias(h, b)
+def branch_end(y, b, post_norm, eps, x):
+    """x (d,) += post_norm(y + b): a branch's bias, its post-norm (an RMSNorm; none where post_norm is empty) and
+    the residual, on its projection's output y (d,), which is scratch."""
+    add_bias(y, b)
     if post_norm.shape[0]:
-        rms_norm(h, post_norm, eps, h)
+        rms_norm(y, post_norm, eps, y)
     for i in range(x.shape[0]):
-        x[i] += h[i]
+        x[i] += y[i]
+
+
+@njit(cache=True, nogil=True)
+def activate(gate, up, ffn_kind, gelu):
+    """up (n,) = act(gate) · up in place, gate overwritten: ffn_kind 1 GeGLU (gelu: its table), else SwiGLU."""
+    if ffn_kind == 1:
+        geglu_row(gate, up, up, gelu)
+    else:
+        swiglu_row(gate, up, up)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def gated_input(w_gate, w_up, h, b_up, ffn_kind, gelu, xq, dx, xsum):
+    """The gated FFN's down-projection input for one token, in one parallel launch: act(W_gate ĥ) · (W_up ĥ + b_up),
+    quantized per 32 into xq (d_ff/32, 32), dx (d_ff/32,), xsum (d_ff/32, 2) as packed.quantize_x quantizes.
+
+    Each item is one row group of both weights: its two products, then its bias, activation and quantization,
+    so no pass over the d_ff values is left on one thread between this launch and the down projection's. Every
+    value gets the arithmetic products2, add_bias, `activate` and quantize_x give it over whole vectors (all
+    elementwise, each 32-block quantized alone), so the result is theirs bit for bit. w_gate, w_up: packed.
+    """
+    qg, sg, fg = w_gate
+    qu, su, fu = w_up
+    xq_in, dx_in, xsum_in = packed.quantize_x(h)
+    d_ff = xq.shape[0] * 32
+    for g in prange(qg.shape[0]):
+        gate = np.empty(ROWS, dtype=np.float32)
+        up = np.empty(ROWS, dtype=np.float32)
+        packed.group_simd(qg, sg, fg, g, xq_in, dx_in, xsum_in, gate)
+        packed.group_simd(qu, su, fu, g, xq_in, dx_in, xsum_in, up)
+        r0 = g * ROWS
+        n = min(ROWS, d_ff - r0)  # a multiple of 32: ROWS is, and so is d_ff (the down projection's blocks)
+        if b_up.shape[0]:
+            add_bias(up[:n], b_up[r0 : r0 + n])
+        activate(gate[:n], up[:n], ffn_kind, gelu)
+        b0, b1 = r0 // 32, (r0 + n) // 32
+        packed.quantize_into(up[:n], xq[b0:b1], dx[b0:b1], xsum[b0:b1])
+
+
+@njit(cache=True, nogil=True)
+def gated_ffn_each(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+    """`gated_ffn` one step at a time: the products, then the activation over the whole vector."""
+    gate = np.empty(d_ff, dtype=np.float32)
+    up = np.empty(d_ff, dtype=np.float32)
+    products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
+    add_bias(up, b_up)
+    activate(gate, up, ffn_kind, gelu)
+    product(w_down, up, out, parallel_min_bytes)
+
+
+def gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+    """out (d,) = W_down (act(W_gate h) · (W_up h + b_up)), the gated FFN (ffn_kind 0 or 1) without the down
+    projection's bias: two parallel launches (`gated_input`, then the down projection on its quantized input)
+    when the weights are packed and gate and up big enough to share, else `gated_ffn_each`. Compiled only."""
+    raise NotImplementedError("decode.gated_ffn runs inside compiled kernels only")
+
+
+@overload(gated_ffn, jit_options={"nogil": True})
+def _gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+    if not (_is_packed(w_gate) and _is_packed(w_up) and _is_packed(w_down)):
+
+        def each(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+            gated_ffn_each(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes)
+
+        return each
+
+    def fused(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+        if w_gate[0].nbytes + w_up[0].nbytes < parallel_min_bytes:
+            gated_ffn_each(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes)
+            return
+        nb = d_ff // 32
+        xq = np.empty((nb, 32), dtype=np.int8)
+        dx = np.empty(nb, dtype=np.float32)
+        xsum = np.empty((nb, 2), dtype=np.int32)
+        gated_input(w_gate, w_up, h, b_up, ffn_kind, gelu, xq, dx, xsum)
+        q, s, fmt = w_down
+        if q.nbytes + s.nbytes >= parallel_min_bytes:
+            packed.matvec_quantized(q, s, fmt, xq, dx, xsum, out)
+        else:
+            packed.matvec_quantized_serial(q, s, fmt, xq, dx, xsum, out)
+
+    return fused
 
 
 @njit(cache=True, nogil=True)
@@ -263,14 +345,17 @@ def layer(x, pos, kc, vc, cos, sin, threads,
           eps, attn_scale, softcap, gelu, parallel_min_bytes):  # fmt: skip
     """x (d,) float32, in place: one token at position pos through one layer of any family -- engine.layer's
     run_layer as one compiled call. Its arguments after `threads` are those of engine.layer's LayerSpec, named
-    so, built by one_token.decode_args.
+    so, built by one_token.decode_args, and passed as they are from call to call: the call's own cost counts (24
+    layers' calls took 0.2 ms of a 0.5B model's 19 ms token while their cache views and RoPE rows were made per
+    call).
 
     kc, vc (n_kv, rows, width): the layer's cache, float16 bit patterns (uint16) or q8_0 blocks (uint8), each its
-    own type (engine/cache_types.py), position p in row p % rows; position pos is written. cos, sin (rope_dim/2,):
-    this position's rotation. Norm weights (d,) or (head_dim,) and biases are float32, empty arrays where the layer
-    has none; w*: weight tuples (module docstring), w_gate unused by the ungated FFN (ffn_kind, FFN_KINDS).
-    layer_norm_kind: the pre-norms are LayerNorms (else RMSNorms); q/k and post-norms are RMSNorms. gelu:
-    attention.gelu_table(), GeGLU's. Products of at least parallel_min_bytes of weights, and attention over a long
+    own type (engine/cache_types.py), position p in row p % rows; position pos is written. cos, sin (n_pos,
+    rope_dim/2): every position's rotation (engine.layer's Rope tables). Norm weights (d,) or (head_dim,) and
+    biases are float32, empty arrays where the layer has none; w*: weight tuples (module docstring), w_gate unused
+    by the ungated FFN (ffn_kind, FFN_KINDS). layer_norm_kind: the pre-norms are LayerNorms (else RMSNorms); q/k
+    and post-norms are RMSNorms. gelu: attention.gelu_table(), GeGLU's. Products of at least parallel_min_bytes
+    of weights, and attention over a long
     context, run on `threads` threads.
     """
     hd = head_dim
@@ -290,8 +375,8 @@ def layer(x, pos, kc, vc, cos, sin, threads,
         head_norms(q, n_head, hd, q_norm, eps)
     if k_norm.shape[0]:
         head_norms(k, n_kv, hd, k_norm, eps)
-    rope(q, n_head, hd, rope_dim, cos, sin, neox != 0)
-    rope(k, n_kv, hd, rope_dim, cos, sin, neox != 0)
+    rope(q, n_head, hd, rope_dim, cos[pos], sin[pos], neox != 0)
+    rope(k, n_kv, hd, rope_dim, cos[pos], sin[pos], neox != 0)
     round_to_half(q)
     row = pos % kc.shape[1]
     for j in range(n_kv):
@@ -299,22 +384,18 @@ def layer(x, pos, kc, vc, cos, sin, threads,
         store_cache_row(v[j * hd : (j + 1) * hd], vc[j, row])
     a = np.empty(n_head * hd, dtype=np.float32)
     attend_one(q, kc, vc, pos, n_head, attn_scale, window, softcap, threads, a)
-    branch_out(wo, a, bo, attn_post_norm, eps, h, x, parallel_min_bytes)
+    product(wo, a, h, parallel_min_bytes)
+    branch_end(h, bo, attn_post_norm, eps, x)
 
     # feed-forward
     norm_into(x, ffn_norm, ffn_norm_b, layer_norm_kind, eps, h)
-    up = np.empty(d_ff, dtype=np.float32)
     if ffn_kind == 2:  # ungated: gelu(up + b)
+        up = np.empty(d_ff, dtype=np.float32)
         product(w_up, h, up, parallel_min_bytes)
         add_bias(up, b_up)
         for i in range(d_ff):
             up[i] = gelu_tanh(up[i])
+        product(w_down, up, h, parallel_min_bytes)
     else:
-        gate = np.empty(d_ff, dtype=np.float32)
-        products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
-        add_bias(up, b_up)
-        if ffn_kind == 1:
-            geglu_row(gate, up, up, gelu)
-        else:
-            swiglu_row(gate, up, up)
-    branch_out(w_down, up, b_down, ffn_post_norm, eps, h, x, parallel_min_bytes)
+        gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, h, parallel_min_bytes)  # h read, then written
+    branch_end(h, b_down, ffn_post_norm, eps, x)

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import get_num_threads
 
-from ..cache_types import cache_bits
 from ..formats import bf16, f16
 from ..layer import DenseFfn
 from . import PACKED_TYPES, PARALLEL_MIN_BYTES, WeightMatrix, attention, decode
@@ -105,7 +104,7 @@ class DecodeLayer:
 
     def __init__(self, spec: LayerSpec):
         self.args = decode_args(spec)
-        self._cos, self._sin = spec.attention.rope.cos, spec.attention.rope.sin  # (n_pos, rope_dim/2)
+        self._rope_and_args = (spec.attention.rope.cos, spec.attention.rope.sin, *self.args)  # (n_pos, rope_dim/2) x2
 
     @staticmethod
     def fits(spec: LayerSpec) -> bool:
@@ -126,10 +125,10 @@ class DecodeLayer:
         )
 
     def __call__(self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray) -> None:
-        """x (d,) float32 in place, at position pos; kc, vc (n_kv, rows, width): the layer's cache, of its type."""
-        decode.layer(
-            x, pos, cache_bits(kc), cache_bits(vc), self._cos[pos], self._sin[pos], get_num_threads(), *self.args
-        )
+        """x (d,) float32 in place, at position pos; kc, vc (n_kv, rows, width): the layer's cache as the kernels
+        take it (cache_types.cache_bits: KVCache.kernel_views)."""
+        cos, sin, *args = self._rope_and_args
+        decode.layer(x, pos, kc, vc, cos, sin, get_num_threads(), *args)
 
 
 def products_fit(weights: Sequence[WeightMatrix | None]) -> bool:

@@ -87,21 +87,27 @@ def quantize_into(x, xq, dx, xsum):
     max|x| is taken over the bit patterns with the sign cleared, ordered as the floats, with inf and nan above
     every finite value, and rint rounds half to even as np.round does: an integer max that vectorizes, where
     a float one with a finiteness test did not (SmolLM2's 256 x 576 prompt rows, 2 threads: 92 -> 45 µs).
+    Each loop runs over a block's slice, to the slice's length: a loop of a constant 32 is unrolled whole before
+    the loop vectorizer sees it, and the unrolled conversions stayed scalar (8,960 values: 8.5 -> 5.0 µs).
     """
     bits = x.view(np.int32)
     for b in range(x.shape[0] // 32):
+        xb = x[b * 32 : b * 32 + 32]
+        bb = bits[b * 32 : b * 32 + 32]
+        qb = xq[b]
         m = np.int32(0)
-        for j in range(32):
-            m = max(m, np.int32(bits[b * 32 + j] & np.int32(0x7FFFFFFF)))
+        for j in range(bb.shape[0]):
+            m = max(m, np.int32(bb[j] & np.int32(0x7FFFFFFF)))
         # a nan or inf in x poisons its block
         d = int_bits_as_float(m) / np.float32(127.0) if m < np.int32(0x7F800000) else np.float32(np.nan)
         inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-        for j in range(32):
-            xq[b, j] = np.int8(np.rint(x[b * 32 + j] * inv))
+        for j in range(xb.shape[0]):
+            qb[j] = np.int8(np.int32(np.rint(xb[j] * inv)))  # |xb·inv| <= 127
         for h in range(2):
+            qh = qb[h * 16 : h * 16 + 16]
             t = np.int32(0)
-            for j in range(16):
-                t += np.int32(xq[b, h * 16 + j])
+            for j in range(qh.shape[0]):
+                t += np.int32(qh[j])
             xsum[b, h] = t
         dx[b] = d
 
@@ -178,10 +184,16 @@ def group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i0, acc):
 # ---- drivers --------------------------------------------------------------------------------------------
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def matvec(q, s, fmt, x, out):
     """W (d, n) @ x̂ (n,) -> out (d,): x quantized per 32 to int8, one row group per parallel iteration."""
     xq, dx, xsum = quantize_x(x)
+    matvec_quantized(q, s, fmt, xq, dx, xsum, out)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def matvec_quantized(q, s, fmt, xq, dx, xsum, out):
+    """`matvec` of an x already quantized (xq, dx, xsum as quantize_x returns them)."""
     d = out.shape[0]
     for g in prange(q.shape[0]):
         acc = np.empty(ROWS, dtype=np.float32)
@@ -194,6 +206,12 @@ def matvec(q, s, fmt, x, out):
 def matvec_serial(q, s, fmt, x, out):
     """`matvec` on the calling thread alone: for weights too small to repay a parallel launch."""
     xq, dx, xsum = quantize_x(x)
+    matvec_quantized_serial(q, s, fmt, xq, dx, xsum, out)
+
+
+@njit(cache=True, nogil=True)
+def matvec_quantized_serial(q, s, fmt, xq, dx, xsum, out):
+    """`matvec_quantized` on the calling thread alone."""
     d = out.shape[0]
     acc = np.empty(ROWS, dtype=np.float32)
     for g in range(q.shape[0]):

@@ -6,7 +6,8 @@ same position, same cache), so every figure is a measured time per token, not a 
 - layers: decode.layer itself over every layer (its cache row at the next position is scratch until the next
   real step writes it);
 - products: the layer's matrix-vector products, launched as decode.layer launches them (products3, product,
-  products2, product), on the activations' shapes;
+  gated_ffn), on the activations' shapes; a gated FFN's activation and the quantization of its result run
+  inside its first launch, on every thread, and count here;
 - attention: attend_one over the cached positions (parallel at depth, as decode.layer runs it);
 - the rest of the layers (norms, q/k norms, RoPE, the cache write, SwiGLU, biases and residuals): layers less
   products and attention, so the layer's code exists once, in decode.py.
@@ -25,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from ..cache_types import cache_bits
 from .attention import attend_one
-from .decode import product, products2, products3
+from .decode import gated_ffn, product, products3
 
 if TYPE_CHECKING:
     from ..model import Session
@@ -36,7 +36,8 @@ REST = "rest of the layers"  # by difference: the layers' whole pass less their 
 
 
 @njit(cache=True, nogil=True)
-def layer_products(x, wq, wk, wv, wo, w_gate, w_up, w_down, n_head, n_kv, head_dim, d_ff, ffn_kind, parallel_min_bytes):
+def layer_products(x, wq, wk, wv, wo, w_gate, w_up, b_up, w_down, n_head, n_kv, head_dim, d_ff, ffn_kind, gelu,
+                   parallel_min_bytes):  # fmt: skip
     """decode.layer's products alone, launched as it launches them; x (d,) is read, not changed."""
     d = x.shape[0]
     h = x.copy()
@@ -46,13 +47,12 @@ def layer_products(x, wq, wk, wv, wo, w_gate, w_up, w_down, n_head, n_kv, head_d
     products3(wq, wk, wv, h, q, k, v, parallel_min_bytes)
     o = np.empty(d, dtype=np.float32)
     product(wo, q, o, parallel_min_bytes)
-    up = np.empty(d_ff, dtype=np.float32)
     if ffn_kind == 2:
+        up = np.empty(d_ff, dtype=np.float32)
         product(w_up, h, up, parallel_min_bytes)
+        product(w_down, up, o, parallel_min_bytes)
     else:
-        gate = np.empty(d_ff, dtype=np.float32)
-        products2(w_gate, w_up, h, gate, up, parallel_min_bytes)
-    product(w_down, up, o, parallel_min_bytes)
+        gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, o, parallel_min_bytes)
 
 
 def layer_attention(kc, vc, pos, threads, n_head, head_dim, attn_scale, window, softcap):
@@ -103,7 +103,7 @@ class TokenSplit:
 
 def _parallel_launches(args: Any, parallel_min_bytes: int) -> int:
     """The parallel launches decode.layer's products make: a group launches once when its packed bytes reach
-    the threshold (products3 / products2 / product, decode.py)."""
+    the threshold (products3 / gated_ffn / product, decode.py)."""
 
     def size(w: tuple) -> int:
         return sum(a.nbytes for a in w[:2]) if len(w) == 3 else w[0].nbytes
@@ -152,17 +152,17 @@ def split_token(session: Session, n_tokens: int = 16) -> TokenSplit:
         ids = np.array([session.tokens[-1]])
         x = np.asarray(embedding_rows(w.token_embd, ids, w.token_rows), np.float32)[0]  # (d,)
         times = {"total": total}
-        caches = [(cache_bits(cache.k[li]), cache_bits(cache.v[li])) for li in range(len(layers))]
+        caches = cache.kernel_views
         xs = x.copy()
         t = time.perf_counter()
-        for li, layer in enumerate(layers):
-            layer(xs, pos, cache.k[li], cache.v[li])  # the one-token pass itself (DecodeLayer)
+        for layer, (kc, vc) in zip(layers, caches, strict=True):
+            layer(xs, pos, kc, vc)  # the one-token pass itself (DecodeLayer)
         whole = time.perf_counter() - t
         t = time.perf_counter()
         for layer in layers:
             a = layer.args
-            layer_products(x, a.wq, a.wk, a.wv, a.wo, a.w_gate, a.w_up, a.w_down, a.n_head, a.n_kv, a.head_dim,
-                           a.d_ff, a.ffn_kind, a.parallel_min_bytes)  # fmt: skip
+            layer_products(x, a.wq, a.wk, a.wv, a.wo, a.w_gate, a.w_up, a.b_up, a.w_down, a.n_head, a.n_kv,
+                           a.head_dim, a.d_ff, a.ffn_kind, a.gelu, a.parallel_min_bytes)  # fmt: skip
         times["products"] = time.perf_counter() - t
         t = time.perf_counter()
         for layer, (kc, vc) in zip(layers, caches, strict=True):

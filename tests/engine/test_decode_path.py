@@ -8,11 +8,12 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from engine import kernels, load_model
+from engine.kernels import WeightMatrix, causal_attention, decode, one_token
 from engine.kernels import attention as attention_kernels
-from engine.kernels import causal_attention, decode
 from tests.engine.compare import assert_close_logits
 from tests.engine.oracle import attention, half_round, silu
 from tests.engine.synthetic import write_tiny_model
+from tests.engine.test_kernels import random_blocks
 
 
 def test_round_to_half_matches_numpy_float16() -> None:
@@ -40,6 +41,42 @@ def test_exp_matches_numpy() -> None:
     rel = np.abs(out - ref) / np.maximum(ref, 1e-38)
     assert rel[x > -87].max() < 2e-7
     assert np.all(out[x < -88] < 1e-37)
+
+
+@njit
+def _gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes):
+    decode.gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, out, parallel_min_bytes)
+
+
+@pytest.mark.parametrize(
+    ("ffn_kind", "d_ff", "down_type", "bias"),
+    [(0, 160, T.Q8_0, False), (1, 160, T.Q4_0, True), (0, 512, T.Q6_K, True)],
+    ids=["swiglu-partial-group", "geglu-bias", "swiglu-k-quant-down"],
+)
+def test_gated_ffn_in_two_launches_gives_the_stepwise_result_bit_for_bit(
+    ffn_kind: int, d_ff: int, down_type: T, bias: bool
+) -> None:
+    """decode.gated_ffn computes gate and up, the bias, the activation and the down projection's quantized input
+    in one parallel launch, a row group at a time: every value must come out as the products, the activation
+    over the whole vector and the down projection's own quantization give it (d_ff 160: the last 64-row group
+    holds 32 rows)."""
+    rng = np.random.default_rng(d_ff + ffn_kind)
+    d = 256
+
+    def weight(qtype: T, rows: int, cols: int) -> tuple:
+        return one_token._weight(WeightMatrix.from_raw("w", qtype, rows, cols, random_blocks(qtype, rows, cols, rng)))
+
+    w_gate, w_up, w_down = weight(T.Q4_K, d_ff, d), weight(T.Q5_K, d_ff, d), weight(down_type, d, d_ff)
+    b_up = rng.standard_normal(d_ff).astype(np.float32) if bias else np.zeros(0, dtype=np.float32)
+    h = rng.standard_normal(d).astype(np.float32)
+    gelu = attention_kernels.gelu_table()
+    stepwise, fused, serial = (np.empty(d, dtype=np.float32) for _ in range(3))
+    decode.gated_ffn_each(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, stepwise, 0)
+    _gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, fused, 0)  # every product parallel: fused
+    _gated_ffn(w_gate, w_up, w_down, b_up, h, d_ff, ffn_kind, gelu, serial, 1 << 40)  # too small to share
+    np.testing.assert_array_equal(fused, stepwise)
+    np.testing.assert_array_equal(serial, stepwise)
+    assert np.isfinite(stepwise).all() and np.abs(stepwise).max() > 0
 
 
 @njit
@@ -75,8 +112,9 @@ def test_attend_on_several_threads_gives_the_serial_result_bit_for_bit(n_head: i
     q = rng.standard_normal(n_head * hd).astype(np.float32)
     kc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16).view(np.uint16)
     vc = rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float16).view(np.uint16)
-    for pos, window, cap in [(1100, 0, 0.0), (1100, 512, 0.0), (700, 0, 50.0)]:
-        assert (pos + 1 - max(0, pos - window + 1) if window else pos + 1) * n_head * hd >= 1 << 17  # parallel
+    for pos, window, cap in [(1100, 0, 0.0), (1100, 512, 0.0), (700, 0, 50.0), (40, 0, 0.0)]:
+        n_pos = pos + 1 - max(0, pos - window + 1) if window else pos + 1
+        assert n_pos * n_head * hd >= attention_kernels._PARALLEL_ATTEND_MIN  # parallel
         outs = []
         for threads in (1, 2, 3):
             out = np.empty(n_head * hd, dtype=np.float32)
