@@ -53,7 +53,8 @@ async def test_thinking_streams_collapsed_and_the_answer_stands_alone() -> None:
         await send(pilot, "What is 2+2?", wait=False)
         backend.release(6)  # into the thinking, before its end
         await wait_for(pilot, lambda: len(app.state.turns[-1].tokens) == 6, what="six tokens")
-        await pilot.pause()
+        # the screen shows a streaming reply REPLY_REFRESH_S apart, not token by token
+        await wait_for(pilot, lambda: shown(app)[1].display, what="the thinking box")
         reply, box, text = shown(app)
         assert box.display and box.collapsed and box.title.startswith("Thinking…")
         assert text.startswith("The user asks") and "<think>" not in text

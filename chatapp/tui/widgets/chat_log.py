@@ -129,7 +129,7 @@ class AssistantMessage(Vertical, can_focus=True):
         self._raw, self._answer_sent = "", ""
 
     def queue(self, fragment: str) -> None:
-        """Keep a fragment for the next `flush`: the app shows a streaming reply some 30 times a second, not once
+        """Keep a fragment for the next `flush`: the app shows a streaming reply some 15 times a second, not once
         a token (each showing costs the app's thread milliseconds, which a 2-core machine takes from decode)."""
         self._pending += fragment
 
