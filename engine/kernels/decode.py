@@ -355,8 +355,7 @@ def layer(x, pos, kc, vc, cos, sin, threads,
     biases are float32, empty arrays where the layer has none; w*: weight tuples (module docstring), w_gate unused
     by the ungated FFN (ffn_kind, FFN_KINDS). layer_norm_kind: the pre-norms are LayerNorms (else RMSNorms); q/k
     and post-norms are RMSNorms. gelu: attention.gelu_table(), GeGLU's. Products of at least parallel_min_bytes
-    of weights, and attention over a long
-    context, run on `threads` threads.
+    of weights, and attention over a long context, run on `threads` threads.
     """
     hd = head_dim
     d = x.shape[0]

@@ -104,7 +104,7 @@ class DecodeLayer:
 
     def __init__(self, spec: LayerSpec):
         self.args = decode_args(spec)
-        self._rope_and_args = (spec.attention.rope.cos, spec.attention.rope.sin, *self.args)  # (n_pos, rope_dim/2) x2
+        self._cos, self._sin = spec.attention.rope.cos, spec.attention.rope.sin  # (n_pos, rope_dim/2)
 
     @staticmethod
     def fits(spec: LayerSpec) -> bool:
@@ -127,8 +127,7 @@ class DecodeLayer:
     def __call__(self, x: np.ndarray, pos: int, kc: np.ndarray, vc: np.ndarray) -> None:
         """x (d,) float32 in place, at position pos; kc, vc (n_kv, rows, width): the layer's cache as the kernels
         take it (cache_types.cache_bits: KVCache.kernel_views)."""
-        cos, sin, *args = self._rope_and_args
-        decode.layer(x, pos, kc, vc, cos, sin, get_num_threads(), *args)
+        decode.layer(x, pos, kc, vc, self._cos, self._sin, get_num_threads(), *self.args)
 
 
 def products_fit(weights: Sequence[WeightMatrix | None]) -> bool:

@@ -9,8 +9,9 @@ same position, same cache), so every figure is a measured time per token, not a 
   gated_ffn), on the activations' shapes; a gated FFN's activation and the quantization of its result run
   inside its first launch, on every thread, and count here;
 - attention: attend_one over the cached positions (parallel at depth, as decode.layer runs it);
-- the rest of the layers (norms, q/k norms, RoPE, the cache write, SwiGLU, biases and residuals): layers less
-  products and attention, so the layer's code exists once, in decode.py.
+- the rest of the layers (norms, q/k norms, RoPE, the cache write, biases, residuals, and the activation of an
+  FFN that runs it apart: ungated, or not packed): layers less products and attention, so the layer's code
+  exists once, in decode.py.
 Outside the layers: the embedding row and the final norm, the output head, and the sampler's argmax. Thread
 wake-ups are measured as the cost of an empty parallel launch times the launches the products make; they are
 a part of the products' time, shown beside it, not added again.
