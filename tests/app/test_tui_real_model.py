@@ -112,8 +112,11 @@ async def test_a_reply_format_holds_the_real_models_replies(smollm2_model, tmp_p
         await send(pilot, "/format off", wait=False)
         assert "json schema" not in status()
         await send(pilot, "Say hello to me.")
-        with pytest.raises(ValueError):  # prose again (JSONDecodeError is a ValueError)
-            json.loads(app.state.turns[-1].content)
+        # Free again: the reply is not held to the schema. Not "not JSON": after a JSON turn the model may answer
+        # in JSON of its own shape (SmolLM2 on a Zen 4 answered {"name": "Liam"}; on a Xeon, prose).
+        free = app.state.turns[-1].content
+        with pytest.raises((ValueError, jsonschema.ValidationError)):  # JSONDecodeError is a ValueError
+            jsonschema.validate(json.loads(free), CITY)
 
         app.prompt.set_text("a draft")
         app.action_reply_format()

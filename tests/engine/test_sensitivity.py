@@ -258,8 +258,12 @@ def test_perturbed_fused_activation_scale_fails_fused_bound(smollm2_model, monke
 
 
 def test_perturbed_fused_activation_scale_fails_int8_bound(smollm2_model, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same fault: a reply decoded on the fused path leaves a cache whose next logits miss a fresh (prefill)
-    evaluation by more than compare.INT8_BOUND."""
+    """The same fault, doubled: a reply decoded on the fused path leaves a cache whose next logits miss a fresh
+    (prefill) evaluation by more than compare.INT8_BOUND (0.08).
+
+    Measured on SmolLM2 (AMD EPYC Zen 4, AVX-512 VNNI, 2 threads; 2026-12-07), max |Δ| as a share of the spread:
+    0.022 unfaulted; middle block x1.1 0.023, x1.5 0.074, x2 0.195, x-1 0.229; first block x1.5 0.135. x1.5 had
+    cleared the bound on the Intel Xeon model 207 and fell under it here, so the fault is x2."""
     messages = [Message("user", "Name three rivers in Europe.")]
 
     def check() -> None:
@@ -268,7 +272,7 @@ def test_perturbed_fused_activation_scale_fails_int8_bound(smollm2_model, monkey
         assert_cache_matches_fresh(chat)  # default bound: INT8_BOUND
 
     check()
-    fused_attn_norm_scaled(smollm2_model, smollm2_model.cfg.n_layer // 2, 1.5, monkeypatch)
+    fused_attn_norm_scaled(smollm2_model, smollm2_model.cfg.n_layer // 2, 2.0, monkeypatch)
     with pytest.raises(AssertionError, match="of the spread"):
         check()
     monkeypatch.undo()
