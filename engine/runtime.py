@@ -49,6 +49,36 @@ def kernel_isa(features: Iterable[str]) -> str:
     return PORTABLE
 
 
+# Names a lesser kernel set than the CPU's best, so that benchmarks and tests compare sets on one CPU.
+KERNEL_SET_VARIABLE = "CHATAPP_KERNEL_SET"
+
+
+def runnable_isas(features: Iterable[str]) -> list[str]:
+    """The block kernels' instruction sets a CPU with these LLVM features runs, best first. The `avxvnni` set's
+    256-bit vpdpbusd also runs on AVX-512 VNNI with VL (LLVM encodes it as EVEX there: a Zen 4 has no AVX-VNNI)."""
+    f = set(features)
+    avx512 = {"avx512f", "avx512bw"} <= f
+    found = [
+        (AVX512_VNNI, avx512 and "avx512vnni" in f),
+        (AVX_VNNI, "avx2" in f and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)),
+        (AVX512_BW, avx512),
+        (AVX2, "avx2" in f),
+        (PORTABLE, True),
+    ]
+    return [isa for isa, runs in found if runs]
+
+
+def chosen_isa(environ: Mapping[str, str], features: Iterable[str]) -> str:
+    """The kernel set to emit: the CPU's best (`kernel_isa`), or the one CHATAPP_KERNEL_SET names if it runs here."""
+    wanted = environ.get(KERNEL_SET_VARIABLE)
+    if not wanted:
+        return kernel_isa(features)
+    runs = runnable_isas(features)
+    if wanted not in runs:
+        raise SettingsError(f"{KERNEL_SET_VARIABLE}={wanted!r}: this CPU runs the kernel sets {', '.join(runs)}")
+    return wanted
+
+
 def compile_target(environ: Mapping[str, str]) -> tuple[str, frozenset[str]]:
     """The CPU name and LLVM features that Numba will compile for, found as Numba finds them (before it loads):
     NUMBA_CPU_NAME and NUMBA_CPU_FEATURES when set, else the host's, without AVX under NUMBA_ENABLE_AVX=0."""
@@ -91,19 +121,20 @@ def _kernel_cache_dir() -> Path:
     (compiling without the second process: SmolLM2's first start of the app took 45 s instead of 28 s).
     """
     name, features = compile_target(os.environ)
+    isa = chosen_isa(os.environ, features)
     h = hashlib.sha256()
     root = Path(__file__).parent
     for source in sorted([*(root / "kernels").glob("*.py"), *(root / "formats").glob("*.py")]):  # what is compiled
         h.update(source.relative_to(root).as_posix().encode())
         h.update(source.read_bytes())
     h.update(str(root.resolve()).encode())
-    h.update(repr((name, sorted(features))).encode())
+    h.update(repr((name, sorted(features), isa)).encode())
     base = os.environ.get("CHATAPP_CACHE_DIR")
     if not base:
         import platformdirs
 
         base = platformdirs.user_cache_dir("chatapp")
-    return Path(base) / "numba" / f"{kernel_isa(features)}-{h.hexdigest()[:16]}"
+    return Path(base) / "numba" / f"{isa}-{h.hexdigest()[:16]}"
 
 
 THREADING_LAYERS = ["omp", "tbb", "workqueue"]  # best first; NUMBA_THREADING_LAYER_PRIORITY overrides it
@@ -303,7 +334,7 @@ class Runtime:
     threads: int  # kernel threads in force
     wait_policy: dict[str, str]  # the OpenMP variables this start set; {} when the user's or an earlier start's hold
     cache_dir: Path  # Numba's kernel folder
-    isa: str  # the block kernels' instruction set (kernel_isa of the compile target)
+    isa: str  # the block kernels' instruction set (`chosen_isa` for the compile target)
 
 
 def start(threads: int | None) -> Runtime:
@@ -313,4 +344,4 @@ def start(threads: int | None) -> Runtime:
     configure_numba()
     policy = set_wait_policy()
     n = configure_threads(threads)
-    return Runtime(n, policy, kernel_cache_dir(), kernel_isa(compile_target(os.environ)[1]))
+    return Runtime(n, policy, kernel_cache_dir(), chosen_isa(os.environ, compile_target(os.environ)[1]))

@@ -7,10 +7,10 @@ the toolkit in engine/formats/emit.py) emit them, per instruction family (W = PA
 vpdpbusd), and `build_kernels` wraps them as intrinsics (`numba.extending.intrinsic`) for one `KernelSet`.
 
 Which instructions, and so which layout per format, is the KernelSet chosen from the compile target's CPU
-features (`kernel_set`, from engine.runtime.kernel_isa): Numba compiles for the host CPU (or NUMBA_CPU_NAME /
-NUMBA_CPU_FEATURES), and the kernel cache folder is keyed on the same features, so a kernel emitted for one
-instruction set never runs on another CPU. Without AVX2 the same arithmetic is emitted as plain vector IR
-(exact too, slower).
+features (`kernel_set`, from engine.runtime.chosen_isa: the CPU's best, or a lesser set that CHATAPP_KERNEL_SET
+names): Numba compiles for the host CPU (or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), and the kernel cache folder is
+keyed on the same features and set, so a kernel emitted for one instruction set never runs on another CPU.
+Without AVX2 the same arithmetic is emitted as plain vector IR (exact too, slower).
 
 The intrinsics, per format:
 - block(q, qo, s, so, xq, xo, dx, xsum, xb, acc): acc (ROWS,) += W[group] @ x̂ over one block, one token.
@@ -34,7 +34,7 @@ from ..formats.dispatch import by_format
 from ..formats.emit import I64, MADDUBS_BYTE_MAX, PAIRS, QUADS, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
-from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, compile_target, kernel_isa
+from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, chosen_isa, compile_target
 
 __all__ = ["KERNELS", "QUAD_CODES", "ROWS", "TILE", "KernelSet", "build_kernels", "kernel_set"]
 
@@ -57,7 +57,7 @@ def kernel_set(isa: str, f16c: bool = True) -> KernelSet:
 
 # The CPU Numba compiles for (the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), found as Numba finds it.
 TARGET_NAME, TARGET_FEATURES = compile_target(os.environ)
-KERNELS = kernel_set(kernel_isa(TARGET_FEATURES), "f16c" in TARGET_FEATURES)
+KERNELS = kernel_set(chosen_isa(os.environ, TARGET_FEATURES), "f16c" in TARGET_FEATURES)
 TILE = KERNELS.tile  # tokens per multi-token kernel call; another set built here (`build_kernels`) uses it too
 
 

@@ -20,6 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from engine import runtime
+from engine.errors import SettingsError
 from engine.formats import QUANTIZED
 from engine.formats.emit import MADDUBS_BYTE_MAX, QUADS
 from engine.kernels import simd
@@ -88,19 +89,36 @@ def test_the_host_kernels_follow_the_compile_target() -> None:
     name, features = runtime.compile_target(os.environ)
     assert (name, features) == (codegen._get_host_cpu_name(), numba_features)
     assert (name, features) == (simd.TARGET_NAME, simd.TARGET_FEATURES)
-    assert simd.KERNELS.isa == kernel_isa(features)
+    assert simd.KERNELS.isa == runtime.chosen_isa(os.environ, features)
     assert simd.KERNELS.f16c == ("f16c" in features)
     assert runtime.KERNEL_CACHE_DIR.name.startswith(simd.KERNELS.isa + "-")
 
 
 def test_host_flags_reach_the_kernel_set() -> None:
     """Against the kernel's own view of the CPU (/proc/cpuinfo), unless the target was overridden."""
-    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
-        pytest.skip("the compile target is overridden")
+    if any(os.environ.get(v) for v in _OVERRIDES):
+        pytest.skip("the compile target or the kernel set is overridden")
     flags = _proc_flags()
     linux = {"avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni"}
     host = {llvm for llvm, proc in linux.items() if proc in flags} | ({"avx2"} & flags)
     assert simd.KERNELS.isa == kernel_isa(host)
+
+
+def test_a_named_kernel_set_is_used_where_the_cpu_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    every = [AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE]
+    assert runtime.runnable_isas(CASCADE_LAKE) == every  # 256-bit vpdpbusd as EVEX: VNNI with VL
+    assert runtime.runnable_isas(ALDER_LAKE) == [AVX_VNNI, AVX2, PORTABLE]
+    assert runtime.runnable_isas(SKYLAKE_X) == [AVX512_BW, AVX2, PORTABLE]
+    assert runtime.runnable_isas(ZEN3) == [AVX2, PORTABLE]
+    var = runtime.KERNEL_SET_VARIABLE
+    assert runtime.chosen_isa({}, CASCADE_LAKE) == AVX512_VNNI
+    assert runtime.chosen_isa({var: AVX_VNNI}, CASCADE_LAKE) == AVX_VNNI
+    with pytest.raises(SettingsError, match="this CPU runs the kernel sets avx2, portable"):
+        runtime.chosen_isa({var: AVX512_VNNI}, ZEN3)
+    best = runtime._kernel_cache_dir()
+    monkeypatch.setenv(var, PORTABLE)
+    named = runtime._kernel_cache_dir()
+    assert named.name.startswith("portable-") and named != best  # never the best set's kernels
 
 
 def test_the_cache_folder_is_keyed_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,16 +154,20 @@ _DROP = {  # the host's features to turn off to leave a CPU with this instructio
 }
 
 
+_OVERRIDES = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", runtime.KERNEL_SET_VARIABLE)
+
+
 def _emulated_env(isa: str) -> dict[str, str] | None:
     """Environment for a subprocess compiling for a CPU whose best kernel set is `isa`, or None if this host
-    cannot run it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    cannot run it. Where no lesser CPU's features leave `isa` the best but the host runs it (the `avxvnni` set on
+    a Zen 4: AVX-512 VNNI without AVX-VNNI), the host's own target with CHATAPP_KERNEL_SET naming it."""
+    env = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
     name, host = runtime.compile_target(env)
     if isa == PORTABLE:  # the x86-64 baseline: SSE2, no F16C
         return {**env, "NUMBA_CPU_NAME": "x86-64", "NUMBA_CPU_FEATURES": ""} if "sse2" in host else None
     kept = {f for f in host if not f.startswith(_DROP.get(isa, ()))}
     if kernel_isa(kept) != isa:
-        return None
+        return {**env, runtime.KERNEL_SET_VARIABLE: isa} if isa in runtime.runnable_isas(host) else None
     off = ",".join(f"-{f}" for f in sorted(host - kept))
     return {**env, "NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": ",".join(filter(None, [_features_string(kept), off]))}
 
@@ -304,6 +326,12 @@ def skip_unless_runnable(isa: str) -> None:
         pytest.skip(f"this CPU cannot run the {isa} kernel set (the best it runs is {best})")
 
 
+def _kernels_target(env: dict[str, str]) -> tuple:
+    """What a process in `env` compiles its block kernels for: the CPU target and the kernel set."""
+    name, features = runtime.compile_target(env)
+    return name, features, runtime.chosen_isa(env, features)
+
+
 @pytest.fixture(scope="module")
 def isa_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, np.ndarray]]:
     """Every runnable set's outputs, and the host's own, keyed by set. Each process compiles every format's
@@ -311,14 +339,14 @@ def isa_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     checked against the reference, the others against the host, bit for bit; the set the host itself runs
     (the same compile target as the host's) is the host's run, not a second compile of the same kernels."""
     folder = tmp_path_factory.mktemp("isa")
-    host_env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
-    host_target = runtime.compile_target(host_env)
+    host_env = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
+    host_target = _kernels_target(host_env)
     envs: dict[str, dict[str, str]] = {HOST: host_env}
     same_as_host = []
     for isa in RUNNABLE:
         env = _emulated_env(isa)
         assert env is not None
-        if runtime.compile_target(env) == host_target:
+        if _kernels_target(env) == host_target:
             same_as_host.append(isa)
         else:
             envs[isa] = env
