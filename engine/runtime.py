@@ -36,17 +36,7 @@ PORTABLE = "portable"  # plain LLVM vector IR: whatever the target has
 def kernel_isa(features: Iterable[str]) -> str:
     """The best instruction set of the block kernels that a CPU with these LLVM features (names without the
     leading '+', as in NUMBA_CPU_FEATURES) runs."""
-    f = set(features)
-    avx512 = {"avx512f", "avx512bw"} <= f
-    if avx512 and "avx512vnni" in f:
-        return AVX512_VNNI
-    if {"avx2", "avxvnni"} <= f:
-        return AVX_VNNI
-    if avx512:
-        return AVX512_BW
-    if "avx2" in f:
-        return AVX2
-    return PORTABLE
+    return runnable_isas(features)[0]
 
 
 # Names a lesser kernel set than the CPU's best, so that benchmarks and tests compare sets on one CPU.
