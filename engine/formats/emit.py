@@ -51,13 +51,14 @@ from .spec import Format
 
 PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpbusd
 
-# Products stream their weights from memory once, and a core that also decodes and multiplies them keeps fewer
-# loads in flight than a plain read: the hardware prefetcher alone left a 1.5B model's products at 16 GB/s on a
-# Zen 4 whose plain read reached 35-50. Every weight load asks for the bytes this far ahead of it into L2
-# (prefetcht1), one request per load, spread through the arithmetic. Over Qwen2.5-1.5B's 197 decode products
-# (2 threads, Zen 4, alternating processes) this took a token's products from 69 to 35-47 ms; requesting each
-# block's bytes 4 KB ahead into L1 all at once, before the block, had measured 58-70 ms there, and requesting
-# nothing 50-55.
+# Products stream their weights from memory once, and the hardware prefetcher keeps a stream ahead only where
+# the kernel reads a block's bytes in memory order. Each format's packed q is in the order its one-token kernel
+# first reads it, and then no software request beats the hardware's: 16384 x 8192 matrices from memory (Zen 4,
+# 2 threads, matvec against a plain read of the same bytes, alternating) streamed Q4_K at 0.98-1.00 of the read
+# and Q6_K at 1.02-1.03 without software prefetches, 0.88 and 0.53-0.74 with one per line 16 KB ahead (prefetcht1;
+# LLVM gathers a chunk's 36-52 requests at its start). A format whose kernel still reads several places of a
+# block at once (`Format.prefetch`: Q3_K 0.23-0.34 of the read without, 0.74-0.81 with; Q5_K 0.32-0.44 and
+# 0.80-0.82; Q2_K 0.50-0.52 and 0.48-0.67) asks L2 for each line this far ahead of its load.
 PREFETCH_AHEAD = 16 << 10
 CACHE_LINE = 64
 _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
@@ -144,6 +145,7 @@ class Emitter:
         self.L, self.W = kernels.layout(fmt.code)
         self.quad_byte_max = fmt.quad_byte_max  # the largest weight byte the format's quad emitter multiplies
         self.chunk_bytes = fmt.packing.quant_bytes * self.L  # bytes of one L-row chunk of a block
+        self.prefetches = fmt.prefetch
         self._fetched_lines: set[int] = set()  # lines of the current chunk already asked for (`qvec`)
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
@@ -180,7 +182,7 @@ class Emitter:
         start = j * self.W * self.L
         off = self.b.add(self.at(qo, start), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
         line = start // CACHE_LINE  # one request per line of the chunk: AVX2 loads half a line, some bytes twice
-        if line not in self._fetched_lines:
+        if self.prefetches and line not in self._fetched_lines:
             self._fetched_lines.add(line)
             self.prefetch(q, self.at(off, PREFETCH_AHEAD))
         return self.load(q, off, I8, self.W * self.L)

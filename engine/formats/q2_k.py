@@ -151,4 +151,5 @@ FORMAT = Format(
     packing=PACKING,
     group=group,
     emitters={PAIRS: emit_pairs},
+    prefetch=True,
 )

@@ -209,4 +209,5 @@ FORMAT = Format(
     group=group,
     emitters={PAIRS: emit_pairs, QUADS: emit_quads},
     quad_byte_max=7,
+    prefetch=True,
 )

@@ -117,4 +117,5 @@ FORMAT = Format(
     group=group,
     emitters={PAIRS: partial(emit_k_quant_pairs, fifth_bit=True), QUADS: partial(emit_quads, fifth_bit=True)},
     quad_byte_max=31,
+    prefetch=True,
 )

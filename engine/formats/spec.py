@@ -6,7 +6,7 @@ kernels never name a type; they run whatever the records provide, through dispat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,18 @@ class Packing:
         return len(self.halves) + self.filled
 
 
+def ordered_copies(order: Sequence[int], raw_start: int = 0) -> tuple[tuple[int, int, int], ...]:
+    """`Packing.copies` that put a block's quads (4-byte words; quad j at raw_start + 4j in the file) in q in
+    the given order: order[p] is the quad at q offset 4p. Quads adjacent in both are one copy."""
+    copies: list[list[int]] = []
+    for p, j in enumerate(order):
+        if copies and copies[-1][0] + copies[-1][2] == raw_start + 4 * j:
+            copies[-1][2] += 4
+        else:
+            copies.append([raw_start + 4 * j, 4 * p, 4])
+    return tuple(tuple(c) for c in copies)  # type: ignore[misc]
+
+
 @dataclass(frozen=True)
 class Format:
     """One ggml type: its layout (from gguf), its dequantizers, and for block formats its CPU kernels."""
@@ -49,6 +61,9 @@ class Format:
     # The largest weight byte the quad emitter multiplies: kernel sets without vpdpbusd (pmaddubsw, which
     # saturates in 16 bits) pack the format in quads only where it is small enough (emit.MADDUBS_BYTE_MAX).
     quad_byte_max: int = 255
+    # The one-token kernel reads several places of a block at once, out of memory order: the hardware prefetcher
+    # loses the stream, and each load asks for its line ahead in software instead (emit.PREFETCH_AHEAD).
+    prefetch: bool = False
     # quantize(x float32 (n, cols)) -> uint8 (n, row_bytes): ggml's reference quantizer, to re-encode a draft
     # model's weights at load (engine/requantize.py); None where nothing needs it.
     quantize: Callable[[Any], Any] | None = None
