@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from engine.formats import q6_k
 from engine.formats.fields import F16_TABLE
+from engine.formats.spec import ordered_copies
 from engine.gguf_file import open_gguf
 from engine.kernels import (
     PACKED_TYPES,
@@ -230,6 +232,17 @@ def test_real_tensors_of_every_type_in_the_models(model: str, smollm2_path, qwen
 
 def test_packed_types_cover_both_models() -> None:
     assert {T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K} <= PACKED_TYPES
+
+
+def test_ordered_copies_put_each_quad_once_where_the_order_says() -> None:
+    assert ordered_copies([0, 1, 5, 2], raw_start=16) == ((16, 0, 8), (36, 8, 4), (24, 12, 4))
+    # Q6_K: every byte of the file's ql|qh|scales lands once in q, quad j at slot SLOT[j], and `at` says where
+    source = np.full(q6_k.PACKING.quant_bytes, -1)
+    for raw, at, n in q6_k.PACKING.copies:
+        source[at : at + n] = np.arange(raw, raw + n)
+    assert sorted(source.tolist()) == list(range(q6_k.PACKING.quant_bytes))
+    assert all(source[q6_k.at(k)] == k for k in range(q6_k.PACKING.quant_bytes))
+    assert [source[4 * p] // 4 for p in range(len(q6_k.ORDER))] == q6_k.ORDER
 
 
 def test_half_conversion_matches_the_table_for_every_bit_pattern() -> None:
