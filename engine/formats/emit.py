@@ -126,6 +126,20 @@ def splat_const(elt: ir.Type, n: int, value) -> ir.Constant:
     return ir.Constant(vt(elt, n), [value] * n)
 
 
+def halves_to_floats(b: ir.IRBuilder, h, f16c: bool):
+    """<n x i16> of half-float bit patterns -> <n x float>: vcvtph2ps with F16C, else exact integer moves."""
+    n = h.type.count
+    if f16c:
+        return b.fpext(b.bitcast(h, vt(F16, n)), vt(F32, n))
+    v = b.zext(h, vt(I32, n))  # as fields.h2f: sign and magnitude moved into place, times 2**112
+    mag = b.shl(b.and_(v, splat_const(I32, n, 0x7FFF)), splat_const(I32, n, 13))
+    bits = b.or_(mag, b.shl(b.and_(v, splat_const(I32, n, 0x8000)), splat_const(I32, n, 16)))
+    finite = b.fmul(b.bitcast(bits, vt(F32, n)), splat_const(F32, n, 2.0**112))
+    special = b.bitcast(b.or_(bits, splat_const(I32, n, 0x7F800000)), vt(F32, n))
+    exp31 = b.icmp_unsigned("==", b.and_(v, splat_const(I32, n, 0x7C00)), splat_const(I32, n, 0x7C00))
+    return b.select(exp31, special, finite)
+
+
 @dataclass(frozen=True)
 class Token:
     """Where one token's operands are: xo, xb as in the module docstring, ao the offset of its ROWS results in acc."""
@@ -414,18 +428,7 @@ class Emitter:
 
     def halves(self, s, off):
         """L rows' half-floats at s[off] as <L x float>: vcvtph2ps with F16C, else exact integer moves."""
-        n = self.L
-        h = self.load(s, off, I16, n)
-        if self.k.f16c:
-            return self.b.fpext(self.b.bitcast(h, vt(F16, n)), vt(F32, n))
-        b = self.b
-        v = b.zext(h, vt(I32, n))  # as fields.h2f: sign and magnitude moved into place, times 2**112
-        mag = b.shl(b.and_(v, splat_const(I32, n, 0x7FFF)), splat_const(I32, n, 13))
-        bits = b.or_(mag, b.shl(b.and_(v, splat_const(I32, n, 0x8000)), splat_const(I32, n, 16)))
-        finite = b.fmul(b.bitcast(bits, vt(F32, n)), splat_const(F32, n, 2.0**112))
-        special = b.bitcast(b.or_(bits, splat_const(I32, n, 0x7F800000)), vt(F32, n))
-        exp31 = b.icmp_unsigned("==", b.and_(v, splat_const(I32, n, 0x7C00)), splat_const(I32, n, 0x7C00))
-        return b.select(exp31, special, finite)
+        return halves_to_floats(self.b, self.load(s, off, I16, self.L), self.k.f16c)
 
     def bf16s(self, s, off):
         """L rows' bfloat16 fields at s[off] as <L x float>: exact, the 16 bits moved to the top of a float's."""

@@ -17,8 +17,20 @@ from llvmlite import ir
 from numba import get_thread_id, njit, prange, types
 from numba.extending import intrinsic, overload
 
-from ..formats.fields import h2f, i8
 from ..runtime import configure_numba
+from .attention_tiles import (
+    HALVES_STEP,
+    ROW_STEP,
+    TILE,
+    WIDE_VALUES,
+    tile_scores_1,
+    tile_scores_2,
+    tile_values_1,
+    tile_values_2,
+    tile_values_4,
+    widen_halves,
+    widen_q8_0,
+)
 
 configure_numba()  # the kernel cache folder before the @njit(cache=True) below, even when imported directly
 
@@ -199,13 +211,13 @@ def attend_one(q, kc, vc, pos, n_head, scale, window, softcap, threads, out):
     n_pos = pos + 1 - first_key(pos, window)
     if threads == 1 or n_pos * n_head * hd < _PARALLEL_ATTEND_MIN:
         for kv in range(n_kv):
-            attend_cached(q, kc[kv], vc[kv], kv * group, group, hd, pos, scale, window, softcap, out)
+            attend_heads(q, kc[kv], vc[kv], kv * group, group, hd, pos, scale, window, softcap, out)
         return
     splits = 1 if n_kv % threads == 0 else min(group, threads)
     for item in prange(n_kv * splits):
         kv, part = item // splits, item % splits
         g0, g1 = part * group // splits, (part + 1) * group // splits
-        attend_cached(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, hd, pos, scale, window, softcap, out)
+        attend_heads(q, kc[kv], vc[kv], kv * group + g0, g1 - g0, hd, pos, scale, window, softcap, out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -216,63 +228,88 @@ def attend_rows(q, kc, vc, start, n_head, scale, window, softcap, out):
     group = n_head // n_kv
     for item in prange(q.shape[0] * n_kv):
         i, kv = item // n_kv, item % n_kv
-        attend_cached(q[i], kc[kv], vc[kv], kv * group, group, hd, start + i, scale, window, softcap, out[i])
+        attend_heads(q[i], kc[kv], vc[kv], kv * group, group, hd, start + i, scale, window, softcap, out[i])
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _widen_tile(cache, first, m, hd, width, tile):
+    """Cached positions first .. first + m - 1 (m <= TILE; position p in row p % rows) -> tile (TILE·width,)
+    float32, row r at r·width, its last width - hd values left as they are (zero); rows m .. TILE-1 zeroed."""
+    rows = cache.shape[0]
+    row = first % rows  # one division a tile: a remainder per row cost as much as widening it
+    for r in range(m):
+        cache_row_floats(cache[row], tile[r * width : r * width + hd])
+        row = row + 1 if row + 1 < rows else 0
+    if m < TILE:
+        tile[m * width :] = 0.0
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _tile_scores(qp, width, tile, scale, scores, span, p0, n_g):
+    """scores[g·span + p0 + r] = scale · qp[g·width :][:width] · tile row r, for each head g < n_g and tile row r:
+    two heads at a time (each row read once for both), then the odd one alone."""
+    g = 0
+    while n_g - g >= 2:
+        tile_scores_2(qp, g * width, width, tile, width, scale, scores, g * span + p0, span)
+        g += 2
+    if g < n_g:
+        tile_scores_1(qp, g * width, width, tile, width, scale, scores, g * span + p0, span)
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _tile_values(scores, span, p0, tile, width, acc, n_g):
+    """acc[g·width :][:width] += Σ_r scores[g·span + p0 + r] · tile row r, for each head g < n_g: as many heads
+    at a time as the registers hold (each row read once for them), then pairs, then one."""
+    g = 0
+    if WIDE_VALUES:
+        while n_g - g >= 4:
+            tile_values_4(scores, g * span + p0, span, tile, width, acc, g * width, width)
+            g += 4
+    while n_g - g >= 2:
+        tile_values_2(scores, g * span + p0, span, tile, width, acc, g * width, width)
+        g += 2
+    if g < n_g:
+        tile_values_1(scores, g * span + p0, span, tile, width, acc, g * width, width)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out):
-    """`attend_one` for the n_g query heads h0 .. h0 + n_g - 1, which read one kv head: kc, vc (rows, hd).
-    Each cached row is read once for all of them.
-
-    The loops index slices (a row of the cache, a head of q) with their own loop counters: an index Numba
-    cannot prove non-negative gets a wrap-around check, which keeps the loop from vectorizing (6x slower).
-    """
-    rows, hd = kc.shape
+def attend_heads(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
+    """`attend_one` for the n_g query heads h0 .. h0 + n_g - 1, which read one kv head: kc, vc (rows, width),
+    cached rows of either type. The positions go TILE at a time: each cached row is widened to float32 once
+    (`cache_row_floats`), then read by every query head of the group (attention_tiles.py)."""
     lo = first_key(pos, window)
     n_pos = pos + 1 - lo
-    scale = np.float32(scale)
+    width = (hd + ROW_STEP - 1) // ROW_STEP * ROW_STEP  # a row's floats, padded with zeros (tile_values' step)
+    n_tiles = (n_pos + TILE - 1) // TILE
+    span = n_tiles * TILE
     cap = np.float32(softcap)
-    qh = q[h0 * hd : (h0 + n_g) * hd].reshape(n_g, hd)  # (n_g, hd)
-    scores = np.empty((n_g, n_pos), dtype=np.float32)  # (n_g, n_pos)
-    for p in range(n_pos):
-        krow = kc[(lo + p) % rows]
-        for g in range(n_g):
-            qg = qh[g]
-            s = np.float32(0.0)
-            for i in range(hd):
-                s += qg[i] * half_to_float(krow[i])
-            s *= scale
-            scores[g, p] = soft_cap(s, cap) if cap > 0 else s
-    for g in range(n_g):  # softmax over positions
-        sg = scores[g]
-        top = np.float32(-np.inf)
-        for p in range(n_pos):
-            top = max(top, sg[p])
-        total = np.float32(0.0)
-        for p in range(n_pos):
-            e = exp_nonpositive(sg[p] - top)
-            sg[p] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for p in range(n_pos):
-            sg[p] *= inv
-    acc = np.zeros((n_g, hd), dtype=np.float32)  # (n_g, hd)
-    for p in range(n_pos):
-        vrow = vc[(lo + p) % rows]
-        for g in range(n_g):
-            wp = scores[g, p]
-            ag = acc[g]
-            for i in range(hd):
-                ag[i] += wp * half_to_float(vrow[i])
-    out[h0 * hd : (h0 + n_g) * hd] = acc.reshape(-1)
+    qp = np.zeros(n_g * width, dtype=np.float32)  # (n_g, width) the group's queries
+    for g in range(n_g):
+        qp[g * width : g * width + hd] = q[(h0 + g) * hd : (h0 + g + 1) * hd]
+    tile = np.zeros(TILE * width, dtype=np.float32)  # (TILE, width) one tile of cached rows
+    scores = np.empty(n_g * span, dtype=np.float32)  # (n_g, span)
+    for t in range(n_tiles):
+        _widen_tile(kc, lo + t * TILE, min(TILE, n_pos - t * TILE), hd, width, tile)
+        _tile_scores(qp, width, tile, scale, scores, span, t * TILE, n_g)
+    for g in range(n_g):
+        sg = scores[g * span : g * span + n_pos]
+        if cap > 0:
+            for p in range(n_pos):
+                sg[p] = soft_cap(sg[p], cap)
+        _softmax(sg)
+        scores[g * span + n_pos : (g + 1) * span] = 0.0  # the last tile's unused rows weigh nothing
+    acc = np.zeros(n_g * width, dtype=np.float32)  # (n_g, width)
+    for t in range(n_tiles):
+        _widen_tile(vc, lo + t * TILE, min(TILE, n_pos - t * TILE), hd, width, tile)
+        _tile_values(scores, span, t * TILE, tile, width, acc, n_g)
+    for g in range(n_g):
+        out[(h0 + g) * hd : (h0 + g + 1) * hd] = acc[g * width : g * width + hd]
 
 
 # ---- cached rows of either type (engine/cache_types.py): f16 as uint16 bit patterns, q8_0 as ggml's blocks ----
-# The f16 cache keeps attend_heads above, unchanged, so its results stay those of before the q8_0 type. A q8_0 row
-# is dequantized once into float32 (each block's scale times its int8) and then read by every query head of
+# Either is widened to float32 once a row (attention_tiles.py, in registers) and then read by every query head of
 # its group, as ggml's CPU attention converts a quantized V row before accumulating it. Dotting K as int8 against
-# a query quantized to int8 per 32 (ggml's vec_dot_q8_0_q8_0) would round the query too, and Numba's vectorizer
-# reduces each 32-block horizontally: the float row measured no slower (docs/kernels.md).
+# a query quantized to int8 per 32 (ggml's vec_dot_q8_0_q8_0) would round the query too.
 
 
 @njit(cache=True, nogil=True)
@@ -301,21 +338,15 @@ def quantize_q8_0(x, row):
 @njit(inline="always", cache=True, nogil=True)
 def dequantize_q8_0(row, out):
     """row (n/32·34,) uint8 of q8_0 blocks -> out (n,) float32 = d · qs."""
-    n_blocks = row.shape[0] // 34
-    size = out.shape[0] // n_blocks  # 32, read at run time: a loop of a known 32 trips is unrolled, not vectorized
-    for b in range(n_blocks):
-        o = b * (size + 2)
-        d = h2f(np.int32(row[o]) | (np.int32(row[o + 1]) << 8))
-        ob = out[b * size : (b + 1) * size]
-        qs = row[o + 2 : o + 2 + size]
-        for j in range(size):
-            ob[j] = d * np.float32(i8(qs[j]))
+    widen_q8_0(row, row.shape[0] // 34, out)
 
 
 @njit(inline="always", cache=True, nogil=True)
 def widen_f16(row, out):
     """row (n,) float16 bit patterns -> out (n,) float32 (exact)."""
-    for j in range(out.shape[0]):
+    n = out.shape[0]
+    widen_halves(row, n, out)
+    for j in range(n - n % HALVES_STEP, n):
         out[j] = half_to_float(row[j])
 
 
@@ -351,74 +382,17 @@ def _store_cache_row(x, row):
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def _softmax_rows(scores):
-    """scores (n_g, n_pos) in place -> each row's softmax (as attend_heads computes it)."""
-    for g in range(scores.shape[0]):
-        sg = scores[g]
-        top = np.float32(-np.inf)
-        for p in range(sg.shape[0]):
-            top = max(top, sg[p])
-        total = np.float32(0.0)
-        for p in range(sg.shape[0]):
-            e = exp_nonpositive(sg[p] - top)
-            sg[p] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for p in range(sg.shape[0]):
-            sg[p] *= inv
-
-
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def attend_heads_rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
-    """`attend_heads` over cached rows of any type (kc (rows, width_k), vc (rows, width_v)): each key and value
-    row converted to float32 once (`cache_row_floats`), then read by the n_g query heads."""
-    rows = kc.shape[0]
-    lo = first_key(pos, window)
-    n_pos = pos + 1 - lo
-    scale = np.float32(scale)
-    cap = np.float32(softcap)
-    qh = q[h0 * hd : (h0 + n_g) * hd].reshape(n_g, hd)  # (n_g, hd)
-    scores = np.empty((n_g, n_pos), dtype=np.float32)  # (n_g, n_pos)
-    vec = np.empty(hd, dtype=np.float32)  # (hd,) one cached key or value
-    for p in range(n_pos):
-        cache_row_floats(kc[(lo + p) % rows], vec)
-        for g in range(n_g):
-            qg = qh[g]
-            s = np.float32(0.0)
-            for i in range(hd):
-                s += qg[i] * vec[i]
-            s *= scale
-            scores[g, p] = soft_cap(s, cap) if cap > 0 else s
-    _softmax_rows(scores)
-    acc = np.zeros((n_g, hd), dtype=np.float32)  # (n_g, hd)
-    for p in range(n_pos):
-        cache_row_floats(vc[(lo + p) % rows], vec)
-        for g in range(n_g):
-            wp = scores[g, p]
-            ag = acc[g]
-            for i in range(hd):
-                ag[i] += wp * vec[i]
-    out[h0 * hd : (h0 + n_g) * hd] = acc.reshape(-1)
-
-
-def attend_cached(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
-    """attend_heads for a cache of either type: f16 keys and values take attend_heads. Compiled code only."""
-    raise NotImplementedError("attention.attend_cached runs inside compiled kernels only")
-
-
-@overload(attend_cached, jit_options={"nogil": True})
-def _attend_cached(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
-    if kc.dtype == types.uint16 and vc.dtype == types.uint16:
-
-        def f16(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
-            attend_heads(q, kc, vc, h0, n_g, pos, scale, window, softcap, out)
-
-        return f16
-
-    def rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out):
-        attend_heads_rows(q, kc, vc, h0, n_g, hd, pos, scale, window, softcap, out)
-
-    return rows
+def _softmax(scores):
+    """scores (n,) in place -> their softmax."""
+    top = _row_max(scores, 0, scores.shape[0])
+    total = np.float32(0.0)
+    for p in range(scores.shape[0]):
+        e = exp_nonpositive(scores[p] - top)
+        scores[p] = e
+        total += e
+    inv = np.float32(1.0) / total
+    for p in range(scores.shape[0]):
+        scores[p] *= inv
 
 
 @njit(inline="always", cache=True, nogil=True, fastmath=True)
