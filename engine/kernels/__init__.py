@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # for type checkers: the names `__getattr__` hands out
 
 # The submodules (loaded as any submodule, but only after Numba is configured: see configure_numba).
 _SUBMODULES = frozenset(
-    {"attention", "cpu", "decode", "experts", "floats", "memory", "one_token", "ops", "packed", "pages", "products",
-     "prompt_ops", "rows", "scratch", "simd", "weight_matrix"}
+    {"attention", "attention_tiles", "cpu", "decode", "experts", "floats", "memory", "one_token", "ops", "packed",
+     "pages", "products", "prompt_ops", "rows", "scratch", "simd", "weight_matrix"}
 )  # fmt: skip
 # Where the package's own names live, searched in this order.
 _FRONT = ("weight_matrix", "products", "rows", "ops", "scratch")
