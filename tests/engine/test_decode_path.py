@@ -7,7 +7,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from numba import njit
 
-from engine import kernels, load_model
+from engine import cache_types, kernels, load_model
 from engine.kernels import WeightMatrix, causal_attention, decode, one_token
 from engine.kernels import attention as attention_kernels
 from tests.engine.compare import assert_close_logits
@@ -101,6 +101,30 @@ def test_attend_matches_reference_attention(n_pos: int, threads: int) -> None:
     k32, v32 = kc[:, :n_pos].astype(np.float32), vc[:, :n_pos].astype(np.float32)
     ref = attention(q.reshape(1, n_head, hd), k32, v32, n_pos - 1)[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("hd", [64, 96, 128, 256])
+def test_attend_reads_groups_of_any_size_as_the_reference(hd: int, cache_type: str) -> None:
+    """The tiled kernel runs a kv head's query heads four, two or one at a time and pads a row to whole
+    registers: every group size from 1 to 8, head sizes that are and are not a multiple of the padding, a
+    last tile part-filled, a window and a soft-cap must all give the definition's result."""
+    rng = np.random.default_rng(hd)
+    n_kv, n_ctx = 2, 160
+    for group in range(1, 9):
+        n_head = group * n_kv
+        q = rng.standard_normal(n_head * hd).astype(np.float32)
+        keys, values = (rng.standard_normal((n_kv, n_ctx, hd)).astype(np.float32) for _ in range(2))
+        kc, vc = (cache_types.to_cache(np, x, cache_type) for x in (keys, values))
+        k32, v32 = (cache_types.to_floats(np, c) for c in (kc, vc))
+        for pos, window, cap in [(0, 0, 0.0), (36, 0, 0.0), (150, 0, 30.0), (150, 40, 0.0)]:
+            out = np.empty(n_head * hd, dtype=np.float32)
+            attention_kernels.attend_one(
+                q, kernels.cache_bits(kc), kernels.cache_bits(vc), pos, n_head, 0.1, window, cap, 2, out
+            )
+            ref = attention(q.reshape(1, n_head, hd), k32[:, : pos + 1], v32[:, : pos + 1], pos, scale=0.1,
+                            window=window, softcap=cap)[0]  # fmt: skip
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5, err_msg=f"group {group}, pos {pos}")
 
 
 @pytest.mark.parametrize(("n_head", "n_kv", "hd"), [(12, 2, 128), (4, 1, 256), (9, 3, 64)])
