@@ -269,20 +269,31 @@ def gated_input(w_gate, w_up, h, b_up, ffn_kind, gelu, xq, dx, xsum):
     """The gated FFN's down-projection input for one token, in one parallel launch: act(W_gate ĥ) · (W_up ĥ + b_up),
     quantized per 32 into xq (d_ff/32, 32), dx (d_ff/32,), xsum (d_ff/32, 2) as packed.quantize_x quantizes.
 
-    Each item is one row group of both weights: its two products, then its bias, activation and quantization,
-    so no pass over the d_ff values is left on one thread between this launch and the down projection's. Every
-    value gets the arithmetic products2, add_bias, `activate` and quantize_x give it over whole vectors (all
-    elementwise, each 32-block quantized alone), so the result is theirs bit for bit. w_gate, w_up: packed.
+    Each thread takes a share of the row groups of both weights (`gated_groups`), so no pass over the d_ff values
+    is left on one thread between this launch and the down projection's. Every value gets the arithmetic
+    products2, add_bias, `activate` and quantize_x give it over whole vectors (all elementwise, each 32-block
+    quantized alone), so the result is theirs bit for bit. w_gate, w_up: packed.
     """
+    xq_in, dx_in, xsum_in = packed.quantize_x(h)
+    parts = packed.thread_count()
+    for p in prange(parts):
+        g0, g1 = packed.share(p, parts, w_gate[0].shape[0])
+        gated_groups(w_gate, w_up, b_up, ffn_kind, gelu, xq_in, dx_in, xsum_in, g0, g1, xq, dx, xsum)
+
+
+@njit(cache=True, nogil=True)
+def gated_groups(w_gate, w_up, b_up, ffn_kind, gelu, xq_in, dx_in, xsum_in, g0, g1, xq, dx, xsum):
+    """`gated_input` for the row groups g0 <= g < g1: each group's two products, then its bias, activation and
+    quantization."""
     qg, sg, fg = w_gate
     qu, su, fu = w_up
-    xq_in, dx_in, xsum_in = packed.quantize_x(h)
+    x_in, wg, wu = packed.flat_x(xq_in, dx_in, xsum_in), packed.flat_weight(qg, sg), packed.flat_weight(qu, su)
     d_ff = xq.shape[0] * 32
-    for g in prange(qg.shape[0]):
-        gate = np.empty(ROWS, dtype=np.float32)
-        up = np.empty(ROWS, dtype=np.float32)
-        packed.group_simd(qg, sg, fg, g, xq_in, dx_in, xsum_in, gate)
-        packed.group_simd(qu, su, fu, g, xq_in, dx_in, xsum_in, up)
+    gate = np.empty(ROWS, dtype=np.float32)
+    up = np.empty(ROWS, dtype=np.float32)
+    for g in range(g0, g1):
+        packed.group_flat(wg, fg, g, x_in, gate)
+        packed.group_flat(wu, fu, g, x_in, up)
         r0 = g * ROWS
         n = min(ROWS, d_ff - r0)  # a multiple of 32: ROWS is, and so is d_ff (the down projection's blocks)
         if b_up.shape[0]:

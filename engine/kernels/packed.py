@@ -18,7 +18,8 @@ Products quantize x per 32 values to int8 first, as llama.cpp does (`quantize_ro
 x̂ = dx * xq with dx = max|x| / 127, xq = round(x / dx). Each block's dot is then an exact integer sum, scaled
 in float32. `matvec` computes W @ x̂, so it differs from W @ x by at most sum_b (max|x_b| / 254) * |W_row,b|_1.
 The drivers (`matvec`, `matvec_serial`, `matvec_many`, `matmul`) run simd.py's block kernels through
-`group_simd` (one token) and `group_simd_tile` (simd.TILE tokens sharing each decode of the weights: prefill);
+`group_flat` (one token) and `group_tile_flat` (simd.TILE tokens sharing each decode of the weights: prefill),
+one thread's share of the row groups per call (`group_simd` and `group_simd_tile` run one group alone);
 `matvec_reference` runs the same arithmetic as plain loops (each format's `group`): the readable statement of
 each format, against which the tests check simd.py.
 
@@ -29,9 +30,12 @@ is generated from the registry.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import njit, prange
-from numba.extending import overload
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from ..formats import QUANTIZED
 from ..formats.dispatch import by_format
@@ -124,9 +128,32 @@ def double_pairs(xq, xq2):
 
 # ---- one group of ROWS rows ----------------------------------------------------------------------------
 # The group functions are compiled once and called (not inlined) by every driver below, so that their large
-# bodies are not compiled again for each driver and for each parallel one's outlined loop.
+# bodies are not compiled again for each driver and for each parallel one's outlined loop. They read flat views of
+# the weight and the activations, which a driver takes once per product (`flat_weight`, `flat_x`,
+# `flat_tokens`): a reshape in every call (a C call and reference counts per array) cost ~0.2 µs a group, 10-12 %
+# of a one-token product over 1536 columns (Zen 4, the group loop alone, weights in L2).
 
 _group_loops = by_format({f.code: f.group for f in QUANTIZED.values()}, "q, s, g, xq, dx, xsum, acc")
+
+
+@njit(inline="always", nogil=True)
+def flat_weight(q, s):
+    """Packed (q, s) -> (qf, sf, nb, qstep, sstep): both flat, nb blocks per row, and a group's bytes of q and
+    halves of s per block."""
+    qstep = q.shape[2] * q.shape[3] * q.shape[4] * q.shape[5]
+    return q.reshape(-1), s.reshape(-1), q.shape[1], qstep, s.shape[2] * ROWS
+
+
+@njit(inline="always", nogil=True)
+def flat_x(xq, dx, xsum):
+    """One token's quantize_x output -> (xq, dx, xsum) flat."""
+    return xq.reshape(-1), dx, xsum.reshape(-1)
+
+
+@njit(inline="always", nogil=True)
+def flat_tokens(xq, xq2, dx, xsum):
+    """A pass's `row_buffers` -> (xq, xq2, dx, xsum) flat, and nx: 32-blocks per token."""
+    return xq.reshape(-1), xq2.reshape(-1), dx.reshape(-1), xsum.reshape(-1), dx.shape[1]
 
 
 @njit(cache=True, nogil=True)
@@ -137,19 +164,32 @@ def group_reference(q, s, fmt, g, xq, dx, xsum, acc):
 
 
 @njit(cache=True, nogil=True)
+def group_flat(w, fmt, g, x, acc):
+    """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight w = flat_weight(q, s) of the format tagged
+    fmt and x = flat_x(...), with simd.py's block kernels."""
+    qf, sf, nb, qstep, sstep = w
+    xf, dx, xsf = x
+    acc[:] = 0
+    simd.BLOCKS(fmt, qf, g * nb * qstep, qstep, sf, g * nb * sstep, sstep, xf, dx, xsf, nb, acc)
+
+
+@njit(cache=True, nogil=True)
+def group_tile_flat(w, fmt, g, xs, i0, acc):
+    """acc (TILE, ROWS) = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens i0 <= i < i0 + TILE (prefill), of
+    w = flat_weight(q, s) and xs = flat_tokens(...) (see group_simd_tile)."""
+    qf, sf, nb, qstep, sstep = w
+    xf, xf2, dxf, xsf, nx = xs
+    acc[:] = 0
+    n = nx * 32  # values per token
+    af = acc.reshape(-1)
+    simd.BLOCKS_TILE(fmt, qf, g * nb * qstep, qstep, sf, g * nb * sstep, sstep, xf, xf2, i0 * n, n, dxf, xsf,
+                     i0 * nx, nx, af, nb)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
 def group_simd(q, s, fmt, g, xq, dx, xsum, acc):
     """acc (ROWS,) = W[g*ROWS : (g+1)*ROWS] @ x̂ for the packed weight (q, s), with simd.py's block kernels."""
-    acc[:] = 0
-    nb = q.shape[1]
-    qstep = q.shape[2] * q.shape[3] * q.shape[4] * q.shape[5]  # bytes per block of the group
-    sstep = s.shape[2] * ROWS
-    qf = q.reshape(-1)
-    sf = s.reshape(-1)
-    xf = xq.reshape(-1)
-    xsf = xsum.reshape(-1)
-    q0 = g * nb * qstep
-    s0 = g * nb * sstep
-    simd.BLOCKS(fmt, qf, q0, qstep, sf, s0, sstep, xf, dx, xsf, nb, acc)
+    group_flat(flat_weight(q, s), fmt, g, flat_x(xq, dx, xsum), acc)
 
 
 @njit(cache=True, nogil=True)
@@ -161,32 +201,58 @@ def group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i0, acc):
     each block's bytes once for all TILE tokens; each token's result is group_simd's for that token, bit for
     bit.
     """
-    acc[:] = 0
-    nb = q.shape[1]
-    qstep = q.shape[2] * q.shape[3] * q.shape[4] * q.shape[5]  # bytes per block of the group
-    sstep = s.shape[2] * ROWS
-    qf = q.reshape(-1)
-    sf = s.reshape(-1)
-    xf = xq.reshape(-1)
-    xf2 = xq2.reshape(-1)
-    dxf = dx.reshape(-1)
-    xsf = xsum.reshape(-1)
-    af = acc.reshape(-1)
-    q0 = g * nb * qstep
-    s0 = g * nb * sstep
-    nx = dx.shape[1]  # 32-blocks of x per token
-    n = nx * 32  # values per token
-    x0 = i0 * n
-    b0 = i0 * nx  # token i0's first 32-block in dx, xsum
-    simd.BLOCKS_TILE(fmt, qf, q0, qstep, sf, s0, sstep, xf, xf2, x0, n, dxf, xsf, b0, nx, af, nb)
+    group_tile_flat(flat_weight(q, s), fmt, g, flat_tokens(xq, xq2, dx, xsum), i0, acc)
+
+
+@njit(inline="always", nogil=True)
+def group_into(w, fmt, g, x, out):
+    """out[g*ROWS : (g+1)*ROWS] = group g's rows of W @ x̂ (`group_flat`), as many of them as out holds: the
+    kernels write into out itself, the last group's few rows by way of a buffer."""
+    r0 = g * ROWS
+    if r0 + ROWS <= out.shape[0]:
+        group_flat(w, fmt, g, x, out[r0 : r0 + ROWS])
+    else:
+        acc = np.empty(ROWS, dtype=np.float32)
+        group_flat(w, fmt, g, x, acc)
+        out[r0:] = acc[: out.shape[0] - r0]
 
 
 # ---- drivers --------------------------------------------------------------------------------------------
+# A parallel driver hands each thread one contiguous share of its items (row groups), as prange's static schedule
+# did item by item, and the share runs in one call that takes the flat views once (`groups_into`, `tiles_into`).
+
+
+@intrinsic
+def thread_count(typingctx):
+    """numba.get_num_threads() in compiled code, as the threading layer's own symbol: Numba's version calls it
+    through a ctypes pointer, which keeps every function that uses it out of the kernel cache. For parallel
+    functions, whose reload from the cache starts the threading layer that defines the symbol."""
+    numba.get_num_threads()  # starts the threading layer here too
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(cgutils.intp_t, []), "get_num_threads")
+        return builder.call(fn, [])
+
+    return types.intp(), codegen
+
+
+@njit(inline="always", nogil=True)
+def share(p, parts, n):
+    """Part p's share of n items split into `parts` contiguous runs: (start, end)."""
+    return p * n // parts, (p + 1) * n // parts
+
+
+@njit(cache=True, nogil=True)
+def groups_into(q, s, fmt, xq, dx, xsum, g0, g1, out):
+    """out's rows of the groups g0 <= g < g1 of W @ x̂, x quantized (xq, dx, xsum as quantize_x returns them)."""
+    w, x = flat_weight(q, s), flat_x(xq, dx, xsum)
+    for g in range(g0, g1):
+        group_into(w, fmt, g, x, out)
 
 
 @njit(cache=True, nogil=True)
 def matvec(q, s, fmt, x, out):
-    """W (d, n) @ x̂ (n,) -> out (d,): x quantized per 32 to int8, one row group per parallel iteration."""
+    """W (d, n) @ x̂ (n,) -> out (d,): x quantized per 32 to int8, the row groups shared among the threads."""
     xq, dx, xsum = quantize_x(x)
     matvec_quantized(q, s, fmt, xq, dx, xsum, out)
 
@@ -194,12 +260,10 @@ def matvec(q, s, fmt, x, out):
 @njit(parallel=True, cache=True, nogil=True)
 def matvec_quantized(q, s, fmt, xq, dx, xsum, out):
     """`matvec` of an x already quantized (xq, dx, xsum as quantize_x returns them)."""
-    d = out.shape[0]
-    for g in prange(q.shape[0]):
-        acc = np.empty(ROWS, dtype=np.float32)
-        group_simd(q, s, fmt, g, xq, dx, xsum, acc)
-        for r in range(min(ROWS, d - g * ROWS)):
-            out[g * ROWS + r] = acc[r]
+    parts = thread_count()
+    for p in prange(parts):
+        g0, g1 = share(p, parts, q.shape[0])
+        groups_into(q, s, fmt, xq, dx, xsum, g0, g1, out)
 
 
 @njit(cache=True, nogil=True)
@@ -212,12 +276,7 @@ def matvec_serial(q, s, fmt, x, out):
 @njit(cache=True, nogil=True)
 def matvec_quantized_serial(q, s, fmt, xq, dx, xsum, out):
     """`matvec_quantized` on the calling thread alone."""
-    d = out.shape[0]
-    acc = np.empty(ROWS, dtype=np.float32)
-    for g in range(q.shape[0]):
-        group_simd(q, s, fmt, g, xq, dx, xsum, acc)
-        for r in range(min(ROWS, d - g * ROWS)):
-            out[g * ROWS + r] = acc[r]
+    groups_into(q, s, fmt, xq, dx, xsum, 0, q.shape[0], out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -285,29 +344,40 @@ def quantize_rows(xs, xq, dx, xsum, xq2, quantized):
 def matmul_quantized(q, s, fmt, t, out, xq, dx, xsum, xq2):
     """`matmul`'s products of t quantized rows: out (t, d).
 
-    A parallel item is one row group for several tokens: its weights come from memory once and from cache for
-    the other tokens, which run TILE at a time through group_simd_tile (decoding the weight bytes once per
-    tile) and the last few one by one through group_simd (a pass of under TILE tokens, whose buffers
-    `row_buffers` padded to one tile, runs as that tile). Up to SHORT_MAX tokens form one item per group; more
-    go PER_ITEM to an item.
+    An item is one row group for several tokens: its weights come from memory once and from cache for the other
+    tokens, which run TILE at a time through the tile kernels (decoding the weight bytes once per tile) and the
+    last few one by one (a pass of under TILE tokens, whose buffers `row_buffers` padded to one tile, runs as
+    that tile). Up to SHORT_MAX tokens form one item per group; more go PER_ITEM to an item.
     """
+    per_item = t if t <= SHORT_MAX else PER_ITEM
+    n_items = q.shape[0] * ((t + per_item - 1) // per_item)
+    parts = thread_count()
+    for p in prange(parts):
+        i0, i1 = share(p, parts, n_items)
+        tiles_into(q, s, fmt, t, per_item, out, xq, dx, xsum, xq2, i0, i1)
+
+
+@njit(cache=True, nogil=True)
+def tiles_into(q, s, fmt, t, per_item, out, xq, dx, xsum, xq2, item0, item1):
+    """`matmul_quantized`'s items item0 <= item < item1, in order (group item // n_tok, tokens from
+    (item % n_tok) * per_item)."""
     padded = xq.shape[0] > t  # a pass of under TILE tokens, run as one tile (`row_buffers`)
     d = out.shape[1]
-    per_item = t if t <= SHORT_MAX else PER_ITEM
     n_tok = (t + per_item - 1) // per_item
-    for item in prange(q.shape[0] * n_tok):
+    w, xs = flat_weight(q, s), flat_tokens(xq, xq2, dx, xsum)
+    acc = np.empty((TILE, ROWS), dtype=np.float32)
+    for item in range(item0, item1):
         g = item // n_tok
         t0 = (item % n_tok) * per_item
         t1 = min(t, t0 + per_item)
         rows = min(ROWS, d - g * ROWS)
-        acc = np.empty((TILE, ROWS), dtype=np.float32)
         i = t0
         while i < t1:
             if t1 - i >= TILE or padded:
-                group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i, acc)
+                group_tile_flat(w, fmt, g, xs, i, acc)
                 done = min(TILE, t1 - i)
             else:  # the last few
-                group_simd(q, s, fmt, g, xq[i], dx[i], xsum[i], acc[0])
+                group_flat(w, fmt, g, flat_x(xq[i], dx[i], xsum[i]), acc[0])
                 done = 1
             for k in range(done):
                 for r in range(rows):
@@ -315,17 +385,23 @@ def matmul_quantized(q, s, fmt, t, out, xq, dx, xsum, xq2):
             i += done
 
 
-def group_of(fmts, i, q, s, g, xq, dx, xsum, acc):
-    """group_simd(q, s, fmts[i], ...) for a tuple of tags that may mix formats (Numba indexes such a tuple with
-    constants only). Compiled code only."""
-    raise NotImplementedError("packed.group_of runs inside compiled kernels only")
+def shares_of_many(qs, ss, fmts, xq, dx, xsum, outs, starts, a, b):
+    """`groups_into` for the items a <= item < b of several weights, weight k's groups the items starts[k] ..
+    starts[k + 1] (tuples whose formats may differ: Numba indexes such a tuple with constants only). Compiled
+    code only."""
+    raise NotImplementedError("packed.shares_of_many runs inside compiled kernels only")
 
 
-@overload(group_of, inline="always")
-def _group_of(fmts, i, q, s, g, xq, dx, xsum, acc):
-    args = "q, s, fmts[{}], g, xq, dx, xsum, acc"
-    branches = [f"    {'el' if k else ''}if i == {k}:\n        group_simd({args.format(k)})" for k in range(len(fmts))]
-    exec("def impl(fmts, i, q, s, g, xq, dx, xsum, acc):\n" + "\n".join(branches), scope := {"group_simd": group_simd})
+@overload(shares_of_many, inline="always")
+def _shares_of_many(qs, ss, fmts, xq, dx, xsum, outs, starts, a, b):
+    body = [
+        f"    lo, hi = max(a, starts[{k}]) - starts[{k}], min(b, starts[{k + 1}]) - starts[{k}]\n"
+        f"    if lo < hi:\n"
+        f"        groups_into(qs[{k}], ss[{k}], fmts[{k}], xq, dx, xsum, lo, hi, outs[{k}])"
+        for k in range(len(fmts))
+    ]
+    head = "def impl(qs, ss, fmts, xq, dx, xsum, outs, starts, a, b):\n"
+    exec(head + "\n".join(body), scope := {"groups_into": groups_into})
     return scope["impl"]
 
 
@@ -334,23 +410,18 @@ def matvec_many(qs, ss, fmts, x, outs):
     """W_i @ x̂ -> outs[i] for several packed weights of the same input, in one parallel launch.
 
     qs, ss, fmts, outs: tuples of the weights' packed arrays, format tags and outputs (the formats may differ: a
-    layer's small k and v, on one thread alone, left the other idle).
+    layer's small k and v, on one thread alone, left the other idle). Their row groups, one after another, are
+    shared among the threads.
     """
     xq, dx, xsum = quantize_x(x)
     k = len(qs)
-    starts = np.zeros(k + 1, dtype=np.int64)
+    starts = np.zeros(k + 1, dtype=np.int64)  # weight i's first item
     for i in range(k):
         starts[i + 1] = starts[i] + qs[i].shape[0]
-    for item in prange(starts[k]):
-        i = 0
-        while item >= starts[i + 1]:
-            i += 1
-        g = item - starts[i]
-        acc = np.empty(ROWS, dtype=np.float32)
-        group_of(fmts, i, qs[i], ss[i], g, xq, dx, xsum, acc)
-        out = outs[i]
-        for r in range(min(ROWS, out.shape[0] - g * ROWS)):
-            out[g * ROWS + r] = acc[r]
+    parts = thread_count()
+    for p in prange(parts):
+        a, b = share(p, parts, starts[k])
+        shares_of_many(qs, ss, fmts, xq, dx, xsum, outs, starts, a, b)
 
 
 # ---- packing and unpacking ------------------------------------------------------------------------------
