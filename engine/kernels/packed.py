@@ -175,15 +175,14 @@ def group_flat(w, fmt, g, x, acc):
 
 @njit(cache=True, nogil=True)
 def group_tile_flat(w, fmt, g, xs, i0, acc):
-    """acc (TILE, ROWS) = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens i0 <= i < i0 + TILE (prefill), of
-    w = flat_weight(q, s) and xs = flat_tokens(...) (see group_simd_tile)."""
+    """acc (TILE * ROWS,), token i's row at (i - i0) * ROWS = W[g*ROWS : (g+1)*ROWS] @ x̂_i for the TILE tokens
+    i0 <= i < i0 + TILE (prefill), of w = flat_weight(q, s) and xs = flat_tokens(...) (see group_simd_tile)."""
     qf, sf, nb, qstep, sstep = w
     xf, xf2, dxf, xsf, nx = xs
     acc[:] = 0
     n = nx * 32  # values per token
-    af = acc.reshape(-1)
     simd.BLOCKS_TILE(fmt, qf, g * nb * qstep, qstep, sf, g * nb * sstep, sstep, xf, xf2, i0 * n, n, dxf, xsf,
-                     i0 * nx, nx, af, nb)  # fmt: skip
+                     i0 * nx, nx, acc, nb)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -201,7 +200,7 @@ def group_simd_tile(q, s, fmt, g, xq, xq2, dx, xsum, i0, acc):
     each block's bytes once for all TILE tokens; each token's result is group_simd's for that token, bit for
     bit.
     """
-    group_tile_flat(flat_weight(q, s), fmt, g, flat_tokens(xq, xq2, dx, xsum), i0, acc)
+    group_tile_flat(flat_weight(q, s), fmt, g, flat_tokens(xq, xq2, dx, xsum), i0, acc.reshape(-1))
 
 
 @njit(inline="always", nogil=True)
@@ -365,7 +364,7 @@ def tiles_into(q, s, fmt, t, per_item, out, xq, dx, xsum, xq2, item0, item1):
     d = out.shape[1]
     n_tok = (t + per_item - 1) // per_item
     w, xs = flat_weight(q, s), flat_tokens(xq, xq2, dx, xsum)
-    acc = np.empty((TILE, ROWS), dtype=np.float32)
+    acc = np.empty(TILE * ROWS, dtype=np.float32)  # token k of a tile at k * ROWS
     for item in range(item0, item1):
         g = item // n_tok
         t0 = (item % n_tok) * per_item
@@ -377,11 +376,11 @@ def tiles_into(q, s, fmt, t, per_item, out, xq, dx, xsum, xq2, item0, item1):
                 group_tile_flat(w, fmt, g, xs, i, acc)
                 done = min(TILE, t1 - i)
             else:  # the last few
-                group_flat(w, fmt, g, flat_x(xq[i], dx[i], xsum[i]), acc[0])
+                group_flat(w, fmt, g, flat_x(xq[i], dx[i], xsum[i]), acc[:ROWS])
                 done = 1
             for k in range(done):
                 for r in range(rows):
-                    out[i + k, g * ROWS + r] = acc[k, r]
+                    out[i + k, g * ROWS + r] = acc[k * ROWS + r]
             i += done
 
 
