@@ -77,11 +77,14 @@ class OtherKernels:
 
     def __init__(self, isa: str):
         self.kernels = simd.kernel_set(isa, simd.KERNELS.f16c)
-        ns = types.ModuleType(f"simd_{isa}")  # a module, as group_simd's `simd.` lookups need
+        ns = types.ModuleType(f"simd_{isa}")  # a module, as group_flat's `simd.` lookups need
         ns.BLOCKS, ns.BLOCKS_TILE = simd.build_kernels(self.kernels)
-        group = numba.njit(nogil=True)(_rebound(packed.group_simd, simd=ns))
-        self._parallel = numba.njit(parallel=True, nogil=True)(_rebound(packed.matvec, group_simd=group))
-        self._serial = numba.njit(nogil=True)(_rebound(packed.matvec_serial, group_simd=group))
+        # the drivers' chain down to the block kernels, each link compiled again over the next
+        flat = numba.njit(nogil=True)(_rebound(packed.group_flat, simd=ns))
+        into = numba.njit(inline="always", nogil=True)(_rebound(packed.group_into, group_flat=flat))
+        groups = numba.njit(nogil=True)(_rebound(packed.groups_into, group_into=into))
+        self._parallel = numba.njit(parallel=True, nogil=True)(_rebound(packed.matvec_quantized, groups_into=groups))
+        self._serial = numba.njit(nogil=True)(_rebound(packed.matvec_quantized_serial, groups_into=groups))
 
     def pack(self, code: int, rows: int, cols: int, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         qb, copies, halves = packed.layout_tables(code)
@@ -95,7 +98,7 @@ class OtherKernels:
 
     def matvec(self, q: np.ndarray, s: np.ndarray, code: int, x: np.ndarray, out: np.ndarray) -> None:
         fn = self._serial if q.nbytes + s.nbytes < PARALLEL_MIN_BYTES else self._parallel
-        fn(q, s, tag(code), x, out)
+        fn(q, s, tag(code), *packed.quantize_x(x), out)
 
 
 def _rebound(dispatcher, **names) -> types.FunctionType:

@@ -60,6 +60,14 @@ PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpb
 # block at once (`Format.prefetch`: Q3_K 0.23-0.34 of the read without, 0.74-0.81 with; Q5_K 0.32-0.44 and
 # 0.80-0.82; Q2_K 0.50-0.52 and 0.48-0.67) asks L2 for each line this far ahead of its load.
 PREFETCH_AHEAD = 16 << 10
+# CPUs (LLVM's names) on which the hardware prefetcher stays behind even a one-token product read in memory order,
+# and how far ahead its lines are asked for there (`KernelSet.in_order_ahead`). Zen 5 streams ~40 GB/s a core,
+# where the Q4_K kernel computes at ~66 GB/s a core from L2: the waits for memory then add to the arithmetic
+# instead of hiding under it. Cold matvecs, 2 threads, against a plain read of the same bytes (alternating, one
+# process; 2026-12-07): Q4_K 8960x1536 0.64-0.75 of the read without, 0.80-0.81 with one request per line 8 KB
+# ahead; 1536x8960 0.76 / 0.82; 16384x8192 0.75 / 0.81; 256x1536 0.73 / 0.86; Q6_K 8960x1536 0.68-0.69 / 0.74-0.78;
+# 1536x8960 0.80 / 0.88 (4 KB ahead: the same for Q4_K, 0.64-0.74 for Q6_K; prefetcht0 or t2: no better).
+IN_ORDER_PREFETCH_AHEAD = {"znver5": 8 << 10}
 CACHE_LINE = 64
 _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
 
@@ -101,6 +109,7 @@ class KernelSet:
     vector_bytes: int  # one register: 64 (zmm) or 32 (ymm; plain vector IR for PORTABLE)
     quad_codes: frozenset[int]  # formats packed in quads (vpdpbusd, or pmaddubsw by `QuadSums`); the others in pairs
     f16c: bool  # half -> float in one instruction (vcvtph2ps); else integer bit moves
+    in_order_ahead: int = 0  # bytes ahead the one-token kernels ask for lines of formats read in order (0: never)
 
     @property
     def tile(self) -> int:
@@ -153,13 +162,14 @@ class Token:
 class Emitter:
     """Small helpers over an IRBuilder, for the kernels below: L rows per register, W bytes of each."""
 
-    def __init__(self, context, builder, signature, args, fmt: Format, kernels: KernelSet):
+    def __init__(self, context, builder, signature, args, fmt: Format, kernels: KernelSet, one_token: bool):
         self.b = builder
         self.k = kernels
         self.L, self.W = kernels.layout(fmt.code)
         self.quad_byte_max = fmt.quad_byte_max  # the largest weight byte the format's quad emitter multiplies
         self.chunk_bytes = fmt.packing.quant_bytes * self.L  # bytes of one L-row chunk of a block
-        self.prefetches = fmt.prefetch
+        # how far ahead `qvec` asks L2 for each line (0: not at all)
+        self.prefetch_ahead = PREFETCH_AHEAD if fmt.prefetch else kernels.in_order_ahead if one_token else 0
         self._fetched_lines: set[int] = set()  # lines of the current chunk already asked for (`qvec`)
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
@@ -196,9 +206,9 @@ class Emitter:
         start = j * self.W * self.L
         off = self.b.add(self.at(qo, start), self.b.mul(c, ir.Constant(I64, self.chunk_bytes)))
         line = start // CACHE_LINE  # one request per line of the chunk: AVX2 loads half a line, some bytes twice
-        if self.prefetches and line not in self._fetched_lines:
+        if self.prefetch_ahead and line not in self._fetched_lines:
             self._fetched_lines.add(line)
-            self.prefetch(q, self.at(off, PREFETCH_AHEAD))
+            self.prefetch(q, self.at(off, self.prefetch_ahead))
         return self.load(q, off, I8, self.W * self.L)
 
     def reload_barrier(self) -> None:

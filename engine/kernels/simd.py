@@ -31,7 +31,7 @@ from numba.extending import intrinsic
 
 from ..formats import QUANTIZED, Format
 from ..formats.dispatch import by_format
-from ..formats.emit import I64, MADDUBS_BYTE_MAX, PAIRS, QUADS, Emitter, KernelSet, Token
+from ..formats.emit import I64, IN_ORDER_PREFETCH_AHEAD, MADDUBS_BYTE_MAX, PAIRS, QUADS, Emitter, KernelSet, Token
 from ..formats.fields import ROWS
 from ..formats.spec import Kernel
 from ..runtime import AVX2, AVX512_BW, AVX512_VNNI, AVX_VNNI, PORTABLE, chosen_isa, compile_target
@@ -45,30 +45,31 @@ MADDUBS_QUAD_CODES = frozenset(
 )
 
 
-def kernel_set(isa: str, f16c: bool = True) -> KernelSet:
-    """The kernel set for an instruction set name (engine.runtime.kernel_isa)."""
+def kernel_set(isa: str, f16c: bool = True, cpu: str = "") -> KernelSet:
+    """The kernel set for an instruction set name (engine.runtime.kernel_isa), on the CPU LLVM names `cpu`."""
     wide = isa in (AVX512_BW, AVX512_VNNI)
     quads = {AVX512_VNNI: QUAD_CODES, AVX_VNNI: QUAD_CODES, AVX512_BW: MADDUBS_QUAD_CODES, AVX2: MADDUBS_QUAD_CODES}
     quads = quads.get(isa, frozenset())
     if isa not in (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE):
         raise ValueError(f"unknown instruction set {isa!r}")
-    return KernelSet(isa, 64 if wide else 32, quads, f16c)
+    return KernelSet(isa, 64 if wide else 32, quads, f16c, IN_ORDER_PREFETCH_AHEAD.get(cpu, 0))
 
 
 # The CPU Numba compiles for (the host's, or NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), found as Numba finds it.
 TARGET_NAME, TARGET_FEATURES = compile_target(os.environ)
-KERNELS = kernel_set(chosen_isa(os.environ, TARGET_FEATURES), "f16c" in TARGET_FEATURES)
+KERNELS = kernel_set(chosen_isa(os.environ, TARGET_FEATURES), "f16c" in TARGET_FEATURES, TARGET_NAME)
 TILE = KERNELS.tile  # tokens per multi-token kernel call; another set built here (`build_kernels`) uses it too
 
 
-def _emitter(context, builder, signature, args, fmt: Format, kernels: KernelSet) -> tuple[Emitter, object]:
-    e = Emitter(context, builder, signature, args, fmt, kernels)
-    return e, fmt.emitters[e.W]  # the format's emitter for the width this set packs it in
+def _emitter(context, builder, signature, args, fmt: Format, kernels: KernelSet, one_token: bool):
+    """(emitter, the format's emit function for the width this set packs it in)."""
+    e = Emitter(context, builder, signature, args, fmt, kernels, one_token)
+    return e, fmt.emitters[e.W]
 
 
 def _one(fmt: Format, kernels: KernelSet):
     def codegen(context, builder, signature, args):
-        e, emit = _emitter(context, builder, signature, args, fmt, kernels)
+        e, emit = _emitter(context, builder, signature, args, fmt, kernels, one_token=True)
         q, qo, s, so, xq, xo, dx, xsum, xb, acc = e.vals
         emit(e, q, qo, s, so, xq, dx, xsum, acc, [Token(xo, xb, 0)])
         return context.get_dummy_value()
@@ -84,7 +85,7 @@ def _one(fmt: Format, kernels: KernelSet):
 
 def _tile(fmt: Format, kernels: KernelSet):
     def codegen(context, builder, signature, args):
-        e, emit = _emitter(context, builder, signature, args, fmt, kernels)
+        e, emit = _emitter(context, builder, signature, args, fmt, kernels, one_token=False)
         q, qo, s, so, xq, xq2, xo, xstep, dx, xsum, xb, bstep, acc = e.vals
         b = e.b
         doubled = e.W == PAIRS  # pair kernels broadcast a pair from xq2 in one 32-bit load

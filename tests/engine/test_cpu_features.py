@@ -368,3 +368,72 @@ def test_each_instruction_set_matches_the_reference_and_the_host(isa: str, reque
     assert got.keys() == host.keys()
     for name, values in host.items():  # the same integer sums and float operations: bit for bit
         np.testing.assert_array_equal(got[name], values, err_msg=f"{isa} against {host_isa}: {name}")
+
+
+# ---- software prefetches in the one-token kernels of formats read in order ----------------------------------
+
+
+def test_only_the_named_cpus_prefetch_in_order_formats() -> None:
+    from engine.formats.emit import IN_ORDER_PREFETCH_AHEAD
+
+    assert IN_ORDER_PREFETCH_AHEAD, "no CPU prefetches: the rest of these tests check nothing"
+    for cpu, ahead in IN_ORDER_PREFETCH_AHEAD.items():
+        assert simd.kernel_set(AVX512_VNNI, cpu=cpu).in_order_ahead == ahead > 0
+    assert simd.kernel_set(AVX512_VNNI, cpu="znver4").in_order_ahead == 0
+    assert simd.KERNELS.in_order_ahead == IN_ORDER_PREFETCH_AHEAD.get(simd.TARGET_NAME, 0)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0])
+def test_prefetching_one_token_kernels_give_the_same_sums(qtype: T) -> None:
+    """The host's kernel set with and without software prefetches in its one-token kernels (as on a CPU that asks
+    for them, whatever this CPU is): every group's sums are the same bit for bit, and the host's own, and only the
+    prefetching one-token kernel asks for lines (in its LLVM IR)."""
+    import dataclasses
+
+    from numba import njit
+
+    from engine.kernels import WeightMatrix, packed
+    from tests.engine.test_kernels import random_blocks
+
+    fmt = QUANTIZED[qtype]
+    assert not fmt.prefetch  # read in order: prefetched only where the kernel set says so
+
+    def one_token_group(in_order_ahead: int):
+        one = simd._blocks(simd._one(fmt, dataclasses.replace(simd.KERNELS, in_order_ahead=in_order_ahead)), fmt)
+
+        @njit
+        def group(q, s, g, xq, dx, xsum, acc):
+            qf, sf, nb, qstep, sstep = packed.flat_weight(q, s)
+            xf, dxf, xsf = packed.flat_x(xq, dx, xsum)
+            acc[:] = 0
+            one(qf, g * nb * qstep, qstep, sf, g * nb * sstep, sstep, xf, dxf, xsf, nb, acc)
+
+        return group
+
+    rng = np.random.default_rng(int(qtype) + 950)
+    rows, cols = 192, 1024
+    w = WeightMatrix.from_raw("prefetch", qtype, rows, cols, random_blocks(qtype, rows, cols, rng)).prepare()
+    p = w.packed
+    xq, dx, xsum = packed.quantize_x(rng.standard_normal(cols).astype(np.float32))
+    fetching, plain = one_token_group(8 << 10), one_token_group(0)
+    got, want, host = (np.empty(packed.ROWS, np.float32) for _ in range(3))
+    for g in range(p.q.shape[0]):
+        fetching(p.q, p.s, g, xq, dx, xsum, got)
+        plain(p.q, p.s, g, xq, dx, xsum, want)
+        packed.group_simd(p.q, p.s, p.fmt, g, xq, dx, xsum, host)
+        np.testing.assert_array_equal(got, want, err_msg=f"{qtype.name} group {g}")
+        np.testing.assert_array_equal(host, want, err_msg=f"{qtype.name} group {g}")
+    assert "llvm.prefetch" in fetching.inspect_llvm(fetching.signatures[0])
+    assert "llvm.prefetch" not in plain.inspect_llvm(plain.signatures[0])
+    kernels = dataclasses.replace(simd.KERNELS, in_order_ahead=8 << 10)
+    tile = simd._tile(fmt, kernels)  # prefill's kernels read each weight for many tokens: no prefetches there
+
+    @njit
+    def tile_call(q, s, xq, xq2, dx, xsum, acc):
+        tile(q.reshape(-1), 0, s.reshape(-1), 0, xq.reshape(-1), xq2.reshape(-1), 0, cols, dx.reshape(-1),
+             xsum.reshape(-1), 0, cols // 32, acc)  # fmt: skip
+
+    bufs = packed.row_buffers(simd.TILE, cols, paired=bool(packed.PAIRED[p.code]))
+    acc = np.zeros(simd.TILE * packed.ROWS, np.float32)
+    tile_call(p.q, p.s, bufs[0], bufs[3], bufs[1], bufs[2], acc)
+    assert "llvm.prefetch" not in tile_call.inspect_llvm(tile_call.signatures[0])
