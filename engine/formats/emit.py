@@ -509,14 +509,15 @@ class QuadSums:
         return self.wide[i]
 
 
-def dot_runs(e: Emitter, toks: list[Token], xq, quads) -> list:
+def dot_runs(e: Emitter, toks: list[Token], xq, quads, chains: int = 4) -> list:
     """Per token, sum over (v, k) in quads of the products of v and x̂[k : k + 4] (`QuadSums`): <L x i32>.
 
-    vpdpbusd adds into its accumulator (4-5 cycles a step): four chains of accumulators take turns, so that
-    consecutive steps do not wait on each other. Several tokens are several chains already: four tokens with
-    four accumulators each would hold 16 registers and spill. pmaddubsw's chains wait only on a 16-bit add.
+    vpdpbusd adds into its accumulator (4-5 cycles a step): up to `chains` chains of accumulators take turns, so
+    that consecutive steps do not wait on each other, at the cost of the adds that join them. Several tokens are
+    several chains already: four tokens with four accumulators each would hold 16 registers and spill. So are
+    several runs summed apart (pass chains=1). pmaddubsw's chains wait only on a 16-bit add.
     """
-    chains = max(1, min(4, len(quads)) // len(toks)) if e.has_dpbusd else 1
+    chains = max(1, min(chains, len(quads)) // len(toks)) if e.has_dpbusd else 1
     sums = QuadSums(e, chains * len(toks))
     for n, (v, k) in enumerate(quads):
         for i, t in enumerate(toks):
