@@ -58,7 +58,9 @@ PAIRS, QUADS = 2, 4  # bytes of a row side by side (W): for pmaddubsw, for vpdpb
 # and Q6_K at 1.02-1.03 without software prefetches, 0.88 and 0.53-0.74 with one per line 16 KB ahead (prefetcht1;
 # LLVM gathers a chunk's 36-52 requests at its start). A format whose kernel still reads several places of a
 # block at once (`Format.prefetch`: Q3_K 0.23-0.34 of the read without, 0.74-0.81 with; Q5_K 0.32-0.44 and
-# 0.80-0.82; Q2_K 0.50-0.52 and 0.48-0.67) asks L2 for each line this far ahead of its load.
+# 0.80-0.82; Q2_K 0.50-0.52 and 0.48-0.67) asks L2 for each line this far ahead of its load. Those Zen 4 figures
+# are of requests in a burst; spread beside their loads in the one-token kernels (`Emitter.prefetch`; Zen 5,
+# 8960x1536, 2026-12-07): Q3_K 0.67 of the read in a burst, 0.84 spread; Q5_K 0.74 / 0.79; Q2_K 0.36 / 0.71.
 PREFETCH_AHEAD = 16 << 10
 # CPUs (LLVM's names) on which the hardware prefetcher stays behind even a one-token product read in memory order,
 # and how far ahead its lines are asked for there (`KernelSet.in_order_ahead`). Zen 5 streams ~40 GB/s a core,
@@ -66,7 +68,10 @@ PREFETCH_AHEAD = 16 << 10
 # instead of hiding under it. Cold matvecs, 2 threads, against a plain read of the same bytes (alternating, one
 # process; 2026-12-07): Q4_K 8960x1536 0.64-0.75 of the read without, 0.80-0.81 with one request per line 8 KB
 # ahead; 1536x8960 0.76 / 0.82; 16384x8192 0.75 / 0.81; 256x1536 0.73 / 0.86; Q6_K 8960x1536 0.68-0.69 / 0.74-0.78;
-# 1536x8960 0.80 / 0.88 (4 KB ahead: the same for Q4_K, 0.64-0.74 for Q6_K; prefetcht0 or t2: no better).
+# 1536x8960 0.80 / 0.88 (4 KB ahead: the same for Q4_K, 0.64-0.74 for Q6_K; prefetcht0 or t2: no better). Those
+# requests came in a burst at each chunk's start; spread beside their loads (`Emitter.prefetch`), 8 KB ahead
+# against 2 and 4 (2026-12-07): Q4_K 8960x1536 0.96 / 0.88 / 0.89, 14336x4096 0.87 / 0.81 / 0.84, Q6_K 8960x1536
+# 0.91 / 0.66 / 0.84, 4096x14336 0.93 / 0.80 / 0.93. Other CPUs are not measured with the spread requests.
 IN_ORDER_PREFETCH_AHEAD = {"znver5": 8 << 10}
 CACHE_LINE = 64
 _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
@@ -170,6 +175,7 @@ class Emitter:
         self.chunk_bytes = fmt.packing.quant_bytes * self.L  # bytes of one L-row chunk of a block
         # how far ahead `qvec` asks L2 for each line (0: not at all)
         self.prefetch_ahead = PREFETCH_AHEAD if fmt.prefetch else kernels.in_order_ahead if one_token else 0
+        self.one_token = one_token
         self._fetched_lines: set[int] = set()  # lines of the current chunk already asked for (`qvec`)
         self.vals = []
         for ty, a in zip(signature.args, args, strict=True):
@@ -240,7 +246,17 @@ class Emitter:
         return self.splat(self.b.load(self.b.gep(arr, [ir.Constant(I32, i)])), self.L)
 
     def prefetch(self, ptr, off) -> None:
-        """Ask L2 for the line at ptr[off] (never faults, even past the array's end)."""
+        """Ask L2 for the line at ptr[off] (never faults, even past the array's end).
+
+        In a one-token kernel each request stays beside the load it runs ahead of, pinned there by an empty asm
+        statement: left free, LLVM's scheduler issues a chunk's 36-52 requests in one burst at its start, and
+        the core then waits on memory and computes by turns instead of both at once. Cold matvecs, Zen 5, 2
+        threads, against a plain read (2026-12-07): Q4_K 8960x1536 0.70-0.75 of the read in a burst, 0.90-0.95
+        spread; Q6_K 1536x8960 0.83 and 0.99-1.01. Prompt tiles keep the burst: they compute far longer than
+        they wait, and the pins cost their scheduling (one token from L2: Q4_K 61 -> 53 GB/s).
+        """
+        if self.one_token:
+            self.b.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "", "", side_effect=True), [])
         prefetch_l2(self.b, ptr, off)
 
     def qpair(self, q, qo, c, jp: int):
