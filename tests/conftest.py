@@ -193,3 +193,16 @@ def qwen15_model(qwen15_path: Path):
     from engine import load_model
 
     return load_model(qwen15_path, n_ctx=2048, threads=None)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name the kernel sets this CPU could only compile (tests/engine/test_cpu_features.py), so a run on a CPU
+    without AVX-512 says plainly what it did not run."""
+    import sys
+
+    features = sys.modules.get("tests.engine.test_cpu_features")
+    if features is not None and features.NOT_RUN:
+        terminalreporter.write_line(
+            f"kernel sets compiled and their machine code checked, not run (this CPU lacks their instructions): "
+            f"{', '.join(features.NOT_RUN)}"
+        )

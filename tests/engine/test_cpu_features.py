@@ -312,18 +312,14 @@ def _run_checks(env: dict[str, str], out: Path, against_reference: bool) -> dict
         return {k: z[k] for k in z.files}
 
 
-# Every kernel set, and the sets this host can run. The others are reported as skipped with the reason (a CPU
-# without AVX-512 cannot run the AVX-512 sets), so a run on another CPU shows what it did not check.
+# Every kernel set, and the sets this host can run: those run every format against the host's (below). Every
+# set but the portable one is also compiled for a CPU that has it, whether or not this one does, and its machine
+# code checked (`test_each_instruction_set_compiles_to_its_instructions`): a CPU without AVX-512 cannot run the
+# AVX-512 sets, and the end of the test run names the sets it compiled but did not run (tests/conftest.py).
 KERNEL_SETS = (AVX512_VNNI, AVX_VNNI, AVX512_BW, AVX2, PORTABLE)
 RUNNABLE = [isa for isa in KERNEL_SETS if _emulated_env(isa) is not None]
+NOT_RUN = [isa for isa in KERNEL_SETS if isa not in RUNNABLE]
 HOST = "host"
-
-
-def skip_unless_runnable(isa: str) -> None:
-    """A skip naming why this CPU cannot run `isa` (called before isa_results compiles anything)."""
-    if isa not in RUNNABLE:
-        best = kernel_isa(runtime.compile_target(os.environ)[1])
-        pytest.skip(f"this CPU cannot run the {isa} kernel set (the best it runs is {best})")
 
 
 def _kernels_target(env: dict[str, str]) -> tuple:
@@ -357,9 +353,8 @@ def isa_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("isa", KERNEL_SETS)
+@pytest.mark.parametrize("isa", RUNNABLE)
 def test_each_instruction_set_matches_the_reference_and_the_host(isa: str, request: pytest.FixtureRequest) -> None:
-    skip_unless_runnable(isa)
     isa_results: dict[str, dict[str, np.ndarray]] = request.getfixturevalue("isa_results")
     got = dict(isa_results[isa])
     assert str(got.pop("isa")) == isa
@@ -368,6 +363,101 @@ def test_each_instruction_set_matches_the_reference_and_the_host(isa: str, reque
     assert got.keys() == host.keys()
     for name, values in host.items():  # the same integer sums and float operations: bit for bit
         np.testing.assert_array_equal(got[name], values, err_msg=f"{isa} against {host_isa}: {name}")
+
+
+# A CPU that has each set (LLVM's name and features), to compile for where this one may lack it
+SET_CPUS = {
+    AVX512_VNNI: ("znver4", ZEN4),
+    AVX_VNNI: ("alderlake", ALDER_LAKE),
+    AVX512_BW: ("skylake-avx512", SKYLAKE_X),
+    AVX2: ("haswell", ZEN3),
+}
+
+
+def kernel_machine_code(out_path: str) -> None:
+    """Compile (never run) every format's one-token and tile kernels in this process's kernel set, and save
+    their machine code, as Numba's inspect_asm prints it, to out_path (JSON: the set, and per format the two)."""
+    import json
+
+    code: dict[str, object] = {"isa": simd.KERNELS.isa}
+    for qtype, fmt in sorted(QUANTIZED.items(), key=lambda kv: int(kv[0])):
+        code[qtype.name] = _format_machine_code(fmt)
+    Path(out_path).write_text(json.dumps(code))
+
+
+def _format_machine_code(fmt) -> list[str]:
+    """[one-token kernel's, tile kernel's] machine code of one format in this process's kernel set."""
+    from numba import njit, typeof
+
+    one, tile = simd._one(fmt, simd.KERNELS), simd._tile(fmt, simd.KERNELS)
+
+    @njit
+    def one_call(q, s, xq, dx, xsum, acc):
+        one(q, 0, s, 0, xq, 0, dx, xsum, 0, acc)
+
+    @njit
+    def tile_call(q, s, xq, xq2, n, dx, xsum, nb, acc):
+        tile(q, 0, s, 0, xq, xq2, 0, n, dx, xsum, 0, nb, acc)
+
+    q, s, xq, xq2, dx, xsum = (typeof(np.zeros(1, t)) for t in (np.uint8, np.uint16, np.int8, np.int8, np.float32,
+                                                                np.int32))  # fmt: skip
+    i64, acc = typeof(1), typeof(np.zeros(1, np.float32))
+    one_call.compile((q, s, xq, dx, xsum, acc))
+    tile_call.compile((q, s, xq, xq2, i64, dx, xsum, i64, acc))
+    return [f.inspect_asm(f.signatures[0]) for f in (one_call, tile_call)]
+
+
+def _instructions(asm: str, name: str, register: str) -> int:
+    """How many `name` instructions in the machine code have a `register` (ymm, zmm) operand."""
+    return sum(1 for line in asm.splitlines() if name in line.split()[:2] and f"%{register}" in line)  # {vex} name
+
+
+def _compile_for(isa: str, folder: Path) -> dict:
+    """kernel_machine_code in a subprocess compiling for SET_CPUS[isa] (its kernels in a cache folder of its own)."""
+    import json
+
+    name, features = SET_CPUS[isa]
+    env = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
+    env |= {"NUMBA_CPU_NAME": name, "NUMBA_CPU_FEATURES": _features_string(features)}
+    env["CHATAPP_CACHE_DIR"] = str(folder / f"{isa}-cache")  # nothing of another CPU's in the user's kernel cache
+    out = folder / f"{isa}.json"
+    script = f"from tests.engine.test_cpu_features import kernel_machine_code; kernel_machine_code({str(out)!r})"
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=1800)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def machine_code(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every SIMD set's kernels compiled for a CPU that has it, one process per core."""
+    folder = tmp_path_factory.mktemp("machine-code")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        runs = {isa: pool.submit(_compile_for, isa, folder) for isa in SET_CPUS}
+        return {isa: run.result() for isa, run in runs.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", list(SET_CPUS))
+def test_each_instruction_set_compiles_to_its_instructions(isa: str, machine_code: dict[str, dict]) -> None:
+    """Every format's kernels, compiled for a CPU that has the set (in a subprocess; nothing runs there, so a CPU
+    without the set checks it too): they multiply with the set's instruction on its registers (vpdpbusd for the
+    formats the VNNI sets pack in quads, else vpmaddubsw, or vpmaddwd on widened bytes; zmm for the 512-bit sets,
+    ymm for the others) and the 256-bit sets touch no zmm register."""
+    code = dict(machine_code[isa])
+    assert code.pop("isa") == isa
+    kernels = simd.kernel_set(isa)
+    register = "zmm" if kernels.vector_bytes == 64 else "ymm"
+    vnni = isa in (AVX512_VNNI, AVX_VNNI)
+    assert code.keys() == {t.name for t in QUANTIZED}
+    for fmt_name, asms in code.items():
+        quads = T[fmt_name] in {T(c) for c in kernels.quad_codes}
+        multiply = ["vpdpbusd"] if vnni and quads else ["vpmaddubsw", "vpmaddwd"]  # Q8_0's pairs: widened, vpmaddwd
+        for kind, asm in zip(("one-token", "tile"), asms, strict=True):
+            found = sum(_instructions(asm, name, register) for name in multiply)
+            assert found > 0, f"{isa} {fmt_name} {kind}: no {' or '.join(multiply)} on {register}"
+            if register == "ymm":
+                assert "%zmm" not in asm, f"{isa} {fmt_name} {kind}: a 512-bit register"
 
 
 # ---- software prefetches in the one-token kernels of formats read in order ----------------------------------
