@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from engine import Model
     from engine.sampling import SamplingSettings
 
+BACKLOG = 2048  # connections the kernel queues before the server accepts them (uvicorn's default)
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -38,7 +40,10 @@ class ServeOptions:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port; OSError naming the address when that fails."""
+    """A socket bound to host:port and listening; OSError naming the address when that fails.
+
+    It listens before "listening on" is printed, so a client that connects on reading that line waits in the
+    backlog until the server accepts (the model loads meanwhile) instead of being refused."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
@@ -47,6 +52,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(BACKLOG)
     except OSError as e:
         sock.close()
         raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None

@@ -9,6 +9,7 @@ on the machine's speed: a test that needs a generation in flight asks for one th
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -71,7 +72,7 @@ def _start(tmp: Path, model: Path, *flags: str, model_id: str | None = None) -> 
             if url is None:
                 found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text(errors="replace"))
                 url = found.group(1) if found else None
-            elif httpx.get(f"{url}/health", timeout=10).status_code == 200:
+            elif _health(url) == 200:
                 break
             time.sleep(0.05)
         yield Server(url, model_id or str(model), process, log)
@@ -83,6 +84,27 @@ def _start(tmp: Path, model: Path, *flags: str, model_id: str | None = None) -> 
             process.kill()
             process.wait()
     assert "Traceback" not in log.read_text(errors="replace"), log.read_text()
+
+
+def _health(url: str) -> int | None:
+    """/health's status, or None while the server cannot answer yet (a first start keeps the process busy
+    compiling: its event loop may not accept within the request's timeout)."""
+    try:
+        return httpx.get(f"{url}/health", timeout=10).status_code
+    except httpx.TransportError:
+        return None
+
+
+def test_the_socket_listens_before_its_address_is_printed() -> None:
+    """A client that connects on reading "listening on" waits in the backlog, never refused (a slow start once
+    refused the first requests of a test module: Zen 1, 2 cores, kernels compiling)."""
+    from chatapp.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        socket.create_connection(sock.getsockname(), timeout=5).close()
+    finally:
+        sock.close()
 
 
 @pytest.fixture(scope="module")
