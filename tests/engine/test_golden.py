@@ -57,7 +57,10 @@ FLOAT64_FIRST_POSITION = {"qwen15": "qwen2.5-coder-1.5b-position0-float64.json"}
 # disagreements, one token at a time as greedy decodes: up to 0.256 (SmolLM2), 0.075 (Qwen). Bound ~20% over.
 # Gemma 3: one greedy divergence at 0.060, teacher-forced disagreements at up to 0.095.
 # Qwen 1.5B: one greedy divergence, at step 23, by 0.168.
-NEAR_TIE = {"smollm2": 0.3, "qwen": 0.1, "gemma3": 0.12, "qwen15": 0.2}
+# AMD EPYC family 23 model 1 (Zen 1, AVX2: the `avx2` set compiled for znver1; 2 threads; 2026-12-07), with
+# llama.cpp's token fed back after each step: SmolLM2 0.089 and 0.164 (prompts 0, 1), Qwen 0.085 and 0.052 (both
+# prompt 0), Gemma 3 0.124 and 0.006 (prompt 0), Qwen 1.5B 0.136; Gemma 3's bound ~20% over its 0.124.
+NEAR_TIE = {"smollm2": 0.3, "qwen": 0.1, "gemma3": 0.15, "qwen15": 0.2}
 # Near-ties met in one prompt's 24 greedy steps, with llama.cpp's token fed back after each (so the run goes on
 # from llama.cpp's text, and every step is compared). Measured on an Intel Xeon (family 6 model 207, AVX-512 VNNI,
 # AMX, 2 threads; 2026-12-06): at most one per prompt; SmolLM2 prompts 0 and 1 at steps 14 and 13 (by 0.007 and
@@ -109,16 +112,20 @@ def greedy_run(model, item) -> list[Divergence]:
     return divergences
 
 
-def greedy_failures(name: str, runs: list[list[Divergence]]) -> list[str]:
-    """What is wrong with a model's greedy runs: a divergence that is no near-tie, or too many near-ties."""
+def greedy_failures(
+    name: str, runs: list[list[Divergence]], near_tie: float | None = None, max_near_ties: int = MAX_NEAR_TIES
+) -> list[str]:
+    """What is wrong with a model's greedy runs: a divergence that is no near-tie (by `near_tie` logits or more;
+    the model's NEAR_TIE unless given), or more than `max_near_ties` in one prompt."""
+    near_tie = NEAR_TIE[name] if near_tie is None else near_tie
     failures = []
     for k, divergences in enumerate(runs):
         failures += [
             f"prompt {k}, step {d.step}: {d.got} beat llama.cpp's {d.want} by {d.margin:.3f} logits"
             for d in divergences
-            if d.margin >= NEAR_TIE[name]
+            if d.margin >= near_tie
         ]
-        if len(divergences) > MAX_NEAR_TIES:
+        if len(divergences) > max_near_ties:
             failures.append(f"prompt {k}: {len(divergences)} near-ties in {GREEDY_STEPS} steps: {divergences}")
     return failures
 

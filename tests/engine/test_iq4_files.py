@@ -36,6 +36,7 @@ from .test_golden import (
     greedy_run,
     log_softmax,
 )
+from .test_golden import MAX_NEAR_TIES as GOLDEN_MAX_NEAR_TIES
 
 # Taken at import, before a test points CHATAPP_CACHE_DIR elsewhere: the files stay in the real cache.
 CACHE = paths.user_cache_dir() / f"requantized-llama-cpp-{VERSION}"
@@ -177,13 +178,23 @@ def test_teacher_forced_logits_match_llama_cpp(iq4) -> None:
     assert delta.max() <= MAX_DLOGP_BOUND[name], delta.max()
 
 
+# Near-ties in the greedy runs (below), each step fed llama.cpp's token. SmolLM2's files, over 3 prompts of 24
+# steps: on the Intel Xeon above, IQ4_NL one divergence (by 0.115 logits), IQ4_XS three (0.100-0.124); on an AMD
+# EPYC family 23 model 1 (Zen 1, AVX2, the `avx2` set; llama.cpp's reference made there by its portable build;
+# 2 threads; 2026-12-07) IQ4_NL 0.128, 0.021, 0.006 in prompt 0 and 0.338 in prompt 2, IQ4_XS 0.066 in prompt 0
+# and 0.384, 0.070, 0.023 in prompt 1: near-ties as wide as these files' logits move (max |Δ log p| above),
+# against the golden file's 0.3 and two a prompt. Bounds ~20% over the largest, and one over the most in a
+# prompt. The 1.5B's files keep the golden bounds (Xeon: one divergence in 72 steps, by 0.033).
+NEAR_TIE = {"smollm2": 0.46, "qwen15": None}  # None: the model's golden bound
+MAX_NEAR_TIES = {"smollm2": 4, "qwen15": GOLDEN_MAX_NEAR_TIES}
+
+
 def test_greedy_continuations_match_llama_cpp(iq4) -> None:
     """llama.cpp's greedy tokens on the same file, each step fed its token; a divergence only at a near-tie
-    (the model's golden bounds). Measured on SmolLM2: IQ4_NL one divergence in 72 steps (by 0.115 logits), IQ4_XS
-    three (0.100-0.124)."""
+    (the bounds above)."""
     name, _, _, model, ref = iq4
     runs = [greedy_run(model, item) for item in ref["greedy"]]
-    assert not greedy_failures(name, runs), runs
+    assert not greedy_failures(name, runs, NEAR_TIE[name], MAX_NEAR_TIES[name]), runs
 
 
 def test_types_still_not_run_are_refused_in_one_line(tmp_path: Path) -> None:
