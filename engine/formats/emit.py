@@ -71,8 +71,12 @@ PREFETCH_AHEAD = 16 << 10
 # 1536x8960 0.80 / 0.88 (4 KB ahead: the same for Q4_K, 0.64-0.74 for Q6_K; prefetcht0 or t2: no better). Those
 # requests came in a burst at each chunk's start; spread beside their loads (`Emitter.prefetch`), 8 KB ahead
 # against 2 and 4 (2026-12-07): Q4_K 8960x1536 0.96 / 0.88 / 0.89, 14336x4096 0.87 / 0.81 / 0.84, Q6_K 8960x1536
-# 0.91 / 0.66 / 0.84, 4096x14336 0.93 / 0.80 / 0.93. Other CPUs are not measured with the spread requests.
-IN_ORDER_PREFETCH_AHEAD = {"znver5": 8 << 10}
+# 0.91 / 0.66 / 0.84, 4096x14336 0.93 / 0.80 / 0.93. Zen 1 (AMD EPYC family 23 model 1, the `avx2` set; its
+# 256-bit arithmetic runs as two 128-bit halves, so its kernels compute at only ~17 GB/s from L3 with 2 threads):
+# without requests the waits added to the arithmetic there too; 8960x1536, 2 threads, against a ~22 GB/s read
+# (2026-12-07): Q4_K 11.3-11.7 GB/s without, 16.5-16.7 with requests 8 KB ahead (4 KB 15.1-16.5, 16 KB 14.8-16.0);
+# Q6_K 10.2-10.4, 15.5-15.6 (4 KB 15.4-15.6, 16 KB 14.8-15.3). Other CPUs are not measured with spread requests.
+IN_ORDER_PREFETCH_AHEAD = {"znver5": 8 << 10, "znver1": 8 << 10}
 CACHE_LINE = 64
 _PREFETCH_L2 = 2  # llvm.prefetch's locality: 2 is prefetcht1
 
