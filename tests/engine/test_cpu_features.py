@@ -399,9 +399,9 @@ def _format_machine_code(fmt) -> list[str]:
     def tile_call(q, s, xq, xq2, n, dx, xsum, nb, acc):
         tile(q, 0, s, 0, xq, xq2, 0, n, dx, xsum, 0, nb, acc)
 
-    q, s, xq, xq2, dx, xsum = (typeof(np.zeros(1, t)) for t in (np.uint8, np.uint16, np.int8, np.int8, np.float32,
-                                                                np.int32))  # fmt: skip
-    i64, acc = typeof(1), typeof(np.zeros(1, np.float32))
+    dtypes = (np.uint8, np.uint16, np.int8, np.int8, np.float32, np.int32, np.float32)  # flat arrays, as the kernels
+    q, s, xq, xq2, dx, xsum, acc = (typeof(np.zeros(1, t)) for t in dtypes)  # take them (q, s, x̂, ..., sums)
+    i64 = typeof(1)
     one_call.compile((q, s, xq, dx, xsum, acc))
     tile_call.compile((q, s, xq, xq2, i64, dx, xsum, i64, acc))
     return [f.inspect_asm(f.signatures[0]) for f in (one_call, tile_call)]
@@ -409,7 +409,8 @@ def _format_machine_code(fmt) -> list[str]:
 
 def _instructions(asm: str, name: str, register: str) -> int:
     """How many `name` instructions in the machine code have a `register` (ymm, zmm) operand."""
-    return sum(1 for line in asm.splitlines() if name in line.split()[:2] and f"%{register}" in line)  # {vex} name
+    # the mnemonic is a line's first word, or its second after a "{vex}" encoding prefix (AVX-VNNI)
+    return sum(1 for line in asm.splitlines() if name in line.split()[:2] and f"%{register}" in line)
 
 
 def _compile_for(isa: str, folder: Path) -> dict:
